@@ -1,0 +1,178 @@
+"""A stand-in for Kapacitor: drives a real ``udf-agent`` process over real pipes.
+
+It writes frames the way Kapacitor does (the length and the body as two
+separate writes) and reads Response frames on a thread of its own, timing
+how long each KeepaliveRequest takes to be answered.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameDecoder, encode_varint
+
+AGENT = [sys.executable, "-m", "udf_agent"]
+
+
+def option(name: str, *values: Any) -> udf_pb2.Option:
+    """An InitRequest option with Kapacitor's typing of Python values."""
+    wire = []
+    for value in values:
+        if isinstance(value, bool):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.BOOL, boolValue=value))
+        elif isinstance(value, int):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.INT, intValue=value))
+        elif isinstance(value, float):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=value))
+        elif isinstance(value, str):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=value))
+        elif isinstance(value, Duration):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=value.ns))
+        else:
+            raise TypeError(value)
+    return udf_pb2.Option(name=name, values=wire)
+
+
+class Duration:
+    def __init__(self, ns: int):
+        self.ns = ns
+
+
+def request_frame(request: udf_pb2.Request) -> tuple[bytes, bytes]:
+    body = request.SerializeToString()
+    return encode_varint(len(body)), body
+
+
+class Responses:
+    """Decodes the agent's output as it arrives and keeps every Response."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self._decoder = FrameDecoder(udf_pb2.Response)
+        self.items: list[udf_pb2.Response] = []
+        self.raw = bytearray()
+        self.closed = threading.Event()
+        self._cond = threading.Condition()
+        self.keepalive_seen: dict[int, float] = {}
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                data = self._stream.recv(1 << 20) if hasattr(self._stream, "recv") else os.read(self._stream.fileno(), 1 << 20)
+                if not data:
+                    break
+                self.raw += data
+                messages = self._decoder.feed(data)
+                now = time.monotonic()
+                with self._cond:
+                    for message in messages:
+                        if message.WhichOneof("message") == "keepalive":
+                            self.keepalive_seen.setdefault(message.keepalive.time, now)
+                        self.items.append(message)
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error = exc
+        finally:
+            self.closed.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def of(self, kind: str) -> list[Any]:
+        with self._cond:
+            return [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+                if len(found) >= count:
+                    return found
+                if self.closed.is_set():
+                    raise AssertionError(f"agent closed its output after {len(found)} {kind} response(s); got {self.kinds()}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out waiting for {count} {kind} response(s), got {len(found)}")
+                self._cond.wait(remaining)
+
+    def kinds(self) -> list[str]:
+        return [r.WhichOneof("message") for r in self.items]
+
+
+class KapacitorDriver:
+    """Starts ``udf-agent ARGS`` as Kapacitor would and talks to it."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: str | None = None):
+        full_env = {**os.environ, **(env or {})}
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [*AGENT, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd=cwd,
+            bufsize=0,
+        )
+        self.responses = Responses(self.process.stdout)
+        self.stderr = bytearray()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._write_lock = threading.Lock()
+        self.keepalive_sent: dict[int, float] = {}
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr += line
+
+    def send(self, request: udf_pb2.Request) -> None:
+        length, body = request_frame(request)
+        with self._write_lock:
+            self.process.stdin.write(length)
+            self.process.stdin.write(body)
+
+    def send_raw(self, data: bytes) -> None:
+        with self._write_lock:
+            self.process.stdin.write(data)
+
+    def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
+        self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        return self.responses.wait_for("info", timeout=timeout)[-1]
+
+    def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
+        before = len(self.responses.of("init"))
+        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
+        return self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
+
+    def keepalive(self, stamp: int) -> None:
+        self.keepalive_sent[stamp] = time.monotonic()
+        self.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=stamp)))
+
+    def keepalive_latencies(self) -> list[float]:
+        """Seconds from each KeepaliveRequest to its answer (inf when never answered)."""
+        seen = self.responses.keepalive_seen
+        return [seen.get(stamp, float("inf")) - sent for stamp, sent in self.keepalive_sent.items()]
+
+    def point(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(point=udf_pb2.Point(**fields)))
+
+    def close(self, timeout: float = 180) -> int:
+        """Closes the agent's stdin as Kapacitor does on stop, and waits for it to exit."""
+        self.process.stdin.close()
+        self.responses.closed.wait(timeout)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        return self.stderr.decode(errors="replace")

@@ -1,0 +1,3 @@
+from udf_agent.cli import main
+
+main()

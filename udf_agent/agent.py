@@ -1,0 +1,342 @@
+"""One agent per Kapacitor connection: a reader, a compute thread, one writer.
+
+The reader never waits on compute: it decodes frames, answers keepalives and
+management requests at once, and hands closed micro-batches to the compute
+thread through a bounded queue. When that queue is full the reader stops
+reading (backpressure) and sends heartbeat KeepaliveResponses meanwhile, so
+Kapacitor's watchdog never fires. The writer is the only thread that writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from udf_agent import udf_pb2
+from udf_agent.api import UDFSpec
+from udf_agent.engine import Engines
+from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+from udf_agent.guard import error_frame, keepalive_frame
+from udf_agent.session import Compute, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 4 * 1024 * 1024
+HEARTBEAT_INTERVAL = 0.25
+
+
+@dataclass
+class AgentConfig:
+    max_batch_points: int = 50_000
+    flush_interval: float = 0.5
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_pending_batches: int = 4
+
+
+class Connection(Protocol):
+    """A byte pipe to Kapacitor: stdin/stdout or one unix socket connection."""
+
+    def read(self, size: int) -> bytes: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def close_write(self) -> None: ...
+
+    def abort_read(self) -> None: ...
+
+
+class Writer:
+    """The single writer: frames in order, keepalive replies ahead of queued data."""
+
+    def __init__(self, connection: Connection):
+        self._connection = connection
+        self._frames: deque[bytes] = deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self.broken: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
+        self._thread.start()
+
+    def send(self, frame: bytes, urgent: bool = False) -> None:
+        with self._cond:
+            if self._closing:
+                return
+            if urgent:
+                self._frames.appendleft(frame)
+            else:
+                self._frames.append(frame)
+            self._cond.notify()
+
+    def close(self, last_frame: bytes | None = None) -> None:
+        """Writes what is queued (and ``last_frame``), then closes the output."""
+        with self._cond:
+            if self._closing:
+                return
+            if last_frame is not None:
+                self._frames.append(last_frame)
+            self._closing = True
+            self._cond.notify()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._frames and not self._closing:
+                    self._cond.wait()
+                chunk = b"".join(self._frames)
+                self._frames.clear()
+                done = self._closing
+            try:
+                if chunk:
+                    self._connection.write(chunk)
+            except OSError as exc:
+                log.error("cannot write to Kapacitor (%s); stopping", exc)
+                self.broken = exc
+                self._connection.abort_read()
+                done = True
+            if done:
+                with self._cond:
+                    self._closing = True
+                    self._frames.clear()
+                try:
+                    self._connection.close_write()
+                except OSError:
+                    pass
+                return
+
+
+class _Finish:
+    def __init__(self, error: str | None = None):
+        self.error = error
+
+
+class UDFError(RuntimeError):
+    """A UDF call or a compute job failed: the task cannot go on."""
+
+
+class Agent:
+    def __init__(self, spec: UDFSpec, connection: Connection, engines: Engines, config: AgentConfig | None = None):
+        self.spec = spec
+        self.config = config or AgentConfig()
+        self.connection = connection
+        self.engines = engines
+        self.session = Session(spec, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval)
+        self._lock = threading.Lock()
+        self._work: queue.Queue[Any] = queue.Queue(maxsize=self.config.max_pending_batches)
+        self.writer = Writer(connection)
+        self._options: Any = None
+        self._job: Any = None
+        self._groups: dict[str, tuple[bytes | None, str | None]] = {}
+        self._stop_reading = threading.Event()
+        self._compute_done = threading.Event()
+        self.exit_code = 0
+
+    # ---- entry point ----
+
+    def run(self) -> int:
+        """Serves the connection until Kapacitor closes it; returns the exit code."""
+        compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        compute.start()
+        reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
+        reader.start()
+        compute.join()
+        self.writer.join()
+        if self.writer.broken is not None and self.exit_code == 0:
+            self.exit_code = 1
+        return self.exit_code
+
+    def stop_reading(self) -> None:
+        """Treats input as ended: what was accepted is computed and sent, then the agent ends."""
+        self._stop_reading.set()
+        self.connection.abort_read()
+
+    # ---- reader ----
+
+    def _read_loop(self) -> None:
+        decoder = FrameDecoder(udf_pb2.Request, max_frame_size=self.config.max_frame_size)
+        try:
+            while not self._stop_reading.is_set():
+                data = self.connection.read(READ_SIZE)
+                if not data:
+                    decoder.close()
+                    break
+                for request in decoder.feed(data):
+                    with self._lock:
+                        events = self.session.receive(request, time.monotonic())
+                    if not self._dispatch(events):
+                        return
+        except ProtocolError as exc:
+            with self._lock:
+                events = self.session.fail(str(exc)) if not self.session.failed else []
+            self._dispatch(events)
+            return
+        except OSError as exc:
+            if not self._stop_reading.is_set():
+                log.error("cannot read from Kapacitor: %s", exc)
+        with self._lock:
+            events = self.session.finish()
+        self._dispatch(events)
+        self._enqueue(_Finish())
+
+    def _dispatch(self, events: list[Event]) -> bool:
+        """Acts on session events; False once the session has failed."""
+        for event in events:
+            if isinstance(event, Send):
+                self.writer.send(event.frame, urgent=event.urgent)
+            elif isinstance(event, Started):
+                self._start(event)
+            elif isinstance(event, (Compute, TakeSnapshot, Restore)):
+                self._enqueue(event)
+            elif isinstance(event, Fail):
+                log.error("protocol error: %s", event.message)
+                self._enqueue(_Finish(f"protocol error: {event.message}"))
+                return False
+        return True
+
+    def _enqueue(self, item: Any) -> None:
+        # Blocking here is the backpressure; heartbeats keep Kapacitor's watchdog fed.
+        while not self._compute_done.is_set():
+            try:
+                self._work.put(item, timeout=HEARTBEAT_INTERVAL)
+                return
+            except queue.Full:
+                self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
+
+    def _start(self, event: Started) -> None:
+        self._options = event.options
+        self.engines.warm_up(self.spec)
+
+    # ---- compute ----
+
+    def _compute_loop(self) -> None:
+        try:
+            while True:
+                item = self._next_work()
+                if item is None:
+                    continue
+                if isinstance(item, _Finish):
+                    self._finish(item.error)
+                    return
+                if isinstance(item, Compute):
+                    self._compute(item)
+                elif isinstance(item, TakeSnapshot):
+                    self._snapshot()
+                elif isinstance(item, Restore):
+                    self._restore(item.snapshot)
+        except UDFError as exc:
+            self._finish(str(exc))
+        except Exception as exc:
+            log.exception("internal error")
+            self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
+
+    def _next_work(self) -> Any:
+        with self._lock:
+            deadline = self.session.deadline()
+        wait = self.config.flush_interval if deadline is None else deadline - time.monotonic()
+        try:
+            return self._work.get(timeout=max(0.0, min(wait, 0.1)))
+        except queue.Empty:
+            with self._lock:
+                due = self.session.flush_due(time.monotonic())
+            return due[0] if due else None
+
+    def _finish(self, error: str | None) -> None:
+        self._stop_reading.set()
+        self._compute_done.set()
+        if error is not None:
+            self.exit_code = 1
+            self.writer.close(error_frame(error))
+            self.connection.abort_read()
+        else:
+            self.writer.close()
+
+    def _compute(self, item: Compute) -> None:
+        import pandas as pd
+
+        from udf_agent.compute import TASK_COLUMNS, table_to_ipc
+
+        from udf_agent.compute import Job
+
+        if self._job is None:
+            self._job = Job(self.spec, self._options.raw())
+        batch = item.batch
+        window = self.spec.history_window(self._job.option_values()) if self.spec.wants == "stream" else None
+        rows = []
+        if self.spec.wants == "stream":
+            meta = json.dumps({"history": window})
+            for seq, (group, group_rows) in enumerate(batch.groups.items()):
+                history, state = self._groups.get(group, (None, None))
+                rows.append((seq, group, meta, table_to_ipc(group_rows.to_arrow()), history, state))
+        else:
+            for seq, kbatch in enumerate(batch.batches):
+                meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
+                _, state = self._groups.get(kbatch.group, (None, None))
+                rows.append((seq, kbatch.group, meta, table_to_ipc(kbatch.rows.to_arrow()), None, state))
+        tasks = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
+        started = time.monotonic()
+        try:
+            results = self.engines.engine_for(self.spec).run(self._job, tasks)
+        except Exception as exc:
+            log.exception("compute engine failed")
+            raise UDFError(f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}") from exc
+        emitted = 0
+        for result in results.itertuples(index=False):
+            if isinstance(result.error, str):
+                log.error("%s", result.error)
+                raise UDFError(_error_summary(result.error))
+            if result.output:
+                self.writer.send(result.output)
+            history = result.history if isinstance(result.history, bytes) else None
+            state = result.state if isinstance(result.state, str) else None
+            if history is None and state is None:
+                self._groups.pop(result.key, None)
+            else:
+                self._groups[result.key] = (history, state)
+            emitted += int(result.emitted)
+        log.debug(
+            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s",
+            batch.count, len(rows), emitted, time.monotonic() - started,
+        )
+
+    def _snapshot(self) -> None:
+        from udf_agent.snapshot import dump_snapshot
+
+        data = dump_snapshot(self.spec.name, self._groups)
+        frame = self.session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
+        if frame is not None:
+            self.writer.send(frame)
+
+    def _restore(self, data: bytes) -> None:
+        from udf_agent.snapshot import SnapshotError, load_snapshot
+
+        try:
+            groups = load_snapshot(self.spec.name, data)
+        except SnapshotError as exc:
+            log.error("restore refused: %s", exc)
+            response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
+        else:
+            self._groups = groups
+            log.info("restored state of %d group(s)", len(groups))
+            response = udf_pb2.RestoreResponse(success=True)
+        frame = self.session.guard.reply(udf_pb2.Response(restore=response))
+        if frame is not None:
+            self.writer.send(frame)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _error_summary(error: str) -> str:
+    """'UDF x failed on group g: ValueError: boom' from a full traceback."""
+    lines = [line for line in error.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[-1]}" if len(lines) > 1 else error

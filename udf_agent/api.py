@@ -1,0 +1,191 @@
+"""What UDF authors write against: decorators, a base class, and the context.
+
+A UDF is a pandas function ``fn(df, ctx) -> DataFrame | None`` called once
+per group (stream) or once per Kapacitor batch (batch). The runtime owns the
+protocol, grouping, history, state, snapshots and Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from udf_agent.options import Option, OptionValues
+
+EDGES = ("stream", "batch")
+
+History = Any  # int rows, a timedelta, or a callable(options) -> either (or None)
+
+
+@dataclass(frozen=True)
+class UDFSpec:
+    """Everything the runtime needs to know about one UDF."""
+
+    name: str
+    function: Callable[..., Any]
+    wants: str = "stream"
+    provides: str = "stream"
+    options: tuple[Option, ...] = ()
+    history: History = None
+    compute: bool = True
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for edge in (self.wants, self.provides):
+            if edge not in EDGES:
+                raise ValueError(f"UDF {self.name!r}: edge type must be 'stream' or 'batch', got {edge!r}")
+        names = [o.name for o in self.options]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"UDF {self.name!r} declares option(s) twice: {', '.join(duplicates)}")
+        if self.history is not None and self.wants != "stream":
+            raise ValueError(f"UDF {self.name!r}: history applies to stream UDFs only")
+
+    def history_window(self, options: OptionValues) -> dict[str, int] | None:
+        """The per-group history to keep: {"rows": n} or {"ns": duration}, or None."""
+        window = self.history(options) if callable(self.history) else self.history
+        if window is None:
+            return None
+        if isinstance(window, bool):
+            raise TypeError(f"UDF {self.name!r}: history must be a row count or a duration")
+        if isinstance(window, int):
+            return {"rows": max(0, window)} if window > 0 else None
+        if isinstance(window, _dt.timedelta):  # pandas.Timedelta is a timedelta
+            ns = _timedelta_ns(window)
+            return {"ns": ns} if ns > 0 else None
+        raise TypeError(f"UDF {self.name!r}: history must be a row count or a duration, got {window!r}")
+
+
+def _timedelta_ns(value: _dt.timedelta) -> int:
+    if hasattr(value, "value"):  # pandas.Timedelta keeps nanoseconds exactly
+        return int(value.value)
+    return (value.days * 86_400 + value.seconds) * 1_000_000_000 + value.microseconds * 1_000
+
+
+@dataclass
+class Context:
+    """What a UDF call knows besides its DataFrame.
+
+    ``state`` is this group's own dict of JSON values: the runtime keeps it
+    between calls and puts it in snapshots. ``history_rows`` counts the rows
+    at the top of the frame that were already seen in earlier micro-batches;
+    results for them are dropped by the runtime.
+    """
+
+    options: OptionValues
+    group: str
+    tags: dict[str, str]
+    name: str = ""
+    tmax: Any = None
+    state: dict[str, Any] = field(default_factory=dict)
+    history_rows: int = 0
+
+
+def stream_udf(
+    *,
+    options: Sequence[Option] = (),
+    history: History = None,
+    provides: str = "stream",
+    name: str | None = None,
+    compute: bool = True,
+) -> Callable[[Callable[..., Any]], UDFSpec]:
+    """Declares a STREAM-in UDF called once per group of each micro-batch."""
+
+    def wrap(function: Callable[..., Any]) -> UDFSpec:
+        return UDFSpec(
+            name=name or function.__name__,
+            function=function,
+            wants="stream",
+            provides=provides,
+            options=tuple(options),
+            history=history,
+            compute=compute,
+            description=_first_line(function.__doc__),
+        )
+
+    return wrap
+
+
+def batch_udf(
+    *,
+    options: Sequence[Option] = (),
+    provides: str = "batch",
+    name: str | None = None,
+    compute: bool = True,
+) -> Callable[[Callable[..., Any]], UDFSpec]:
+    """Declares a BATCH-in UDF called once per Kapacitor batch."""
+
+    def wrap(function: Callable[..., Any]) -> UDFSpec:
+        return UDFSpec(
+            name=name or function.__name__,
+            function=function,
+            wants="batch",
+            provides=provides,
+            options=tuple(options),
+            compute=compute,
+            description=_first_line(function.__doc__),
+        )
+
+    return wrap
+
+
+class UDF:
+    """Base class for UDFs written as classes.
+
+    Subclasses set ``wants``, ``provides``, ``options`` and ``history`` as class
+    attributes and implement ``process(self, df, ctx)``. One instance is made
+    per worker process and reused; keep per-group state in ``ctx.state``.
+    """
+
+    wants: str = "stream"
+    provides: str = "stream"
+    options: Sequence[Option] = ()
+    history: History = None
+
+    def process(self, df: Any, ctx: Context) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def spec(cls) -> UDFSpec:
+        return UDFSpec(
+            name=cls.__name__,
+            function=_ClassCall(cls),
+            wants=cls.wants,
+            provides=cls.provides,
+            options=tuple(cls.options),
+            history=cls.history,
+            description=_first_line(cls.__doc__),
+        )
+
+
+_instances: dict[type, UDF] = {}
+
+
+class _ClassCall:
+    """Calls a UDF subclass's process on one instance per worker process."""
+
+    def __init__(self, cls: type[UDF]):
+        self.cls = cls
+
+    def __call__(self, df: Any, ctx: Context) -> Any:
+        instance = _instances.get(self.cls)
+        if instance is None:
+            instance = _instances[self.cls] = self.cls()
+        return instance.process(df, ctx)
+
+
+def as_spec(obj: Any, default_name: str = "") -> UDFSpec:
+    """Turns what a TARGET names (a spec, or a UDF subclass) into a UDFSpec."""
+    if isinstance(obj, UDFSpec):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, UDF):
+        return obj.spec()
+    raise TypeError(
+        f"{default_name or obj!r} is not a UDF: decorate a function with @stream_udf/@batch_udf "
+        "or subclass udf_agent.UDF"
+    )
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().split("\n", 1)[0]

@@ -1,0 +1,231 @@
+"""The ``udf-agent`` command."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+from typing import Any
+
+import click
+
+from udf_agent import __version__
+from udf_agent.options import Option
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class DurationType(click.ParamType):
+    """A duration such as 500ms, 1s or 2m, in seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        match = _DURATION.match(value)
+        if not match:
+            self.fail(f"{value!r} is not a duration (examples: 250ms, 1s, 2m)", param, ctx)
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        if seconds <= 0:
+            self.fail("must be greater than zero", param, ctx)
+        return seconds
+
+
+class ConfType(click.ParamType):
+    name = "key=value"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            self.fail(f"{value!r} is not of the form key=value", param, ctx)
+        return key.strip(), val.strip()
+
+
+def _compute_options(function: Any) -> Any:
+    decorators = [
+        click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default)."),
+        click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
+        click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
+        click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
+        click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
+    ]
+    for decorator in reversed(decorators):
+        function = decorator(function)
+    return function
+
+
+def _load(target: str) -> Any:
+    from udf_agent.targets import TargetError, resolve_target
+
+    try:
+        return resolve_target(target)
+    except TargetError as exc:
+        raise click.BadParameter(str(exc), param_hint="TARGET") from None
+
+
+def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
+    from udf_agent.engine import Engines
+
+    def make_spark() -> Any:
+        from spark_backend import SparkEngine, SparkSettings
+
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs)))
+
+    return Engines(make_spark)
+
+
+def _agent_config(flush_interval: float, max_batch_points: int, max_frame_size: int) -> Any:
+    from udf_agent.agent import AgentConfig
+
+    return AgentConfig(max_batch_points=max_batch_points, flush_interval=flush_interval, max_frame_size=max_frame_size)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="udf-agent")
+def main() -> None:
+    """Kapacitor UDFs written in pandas, computed on Spark."""
+
+
+@main.command()
+@click.argument("target")
+@_compute_options
+def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_frame_size: int, log_level: str) -> None:
+    """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
+    from udf_agent.agent import Agent
+    from udf_agent.logs import configure_logging
+    from udf_agent.transports import claim_stdio
+
+    # Before anything else runs (the UDF's module included), so no print can reach the protocol.
+    connection = claim_stdio()
+    configure_logging(log_level)
+    spec = _load(target)
+    engines = _engines(master, confs)
+    agent = Agent(spec, connection, engines, _agent_config(flush_interval, max_batch_points, max_frame_size))
+    code = agent.run()
+    _exit(code, engines)
+
+
+@main.command()
+@click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on.")
+@click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
+@click.argument("target")
+@_compute_options
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_frame_size: int, log_level: str) -> None:
+    """Serve TARGET on a unix socket: one independent session per connection."""
+    from udf_agent.agent import Agent
+    from udf_agent.logs import configure_logging
+    from udf_agent.transports import SocketServerError, UnixSocketServer
+
+    try:
+        mode = int(socket_mode, 8)
+    except ValueError:
+        raise click.BadParameter(f"{socket_mode!r} is not an octal mode such as 0660", param_hint="--socket-mode") from None
+    if not 0 <= mode <= 0o777:
+        raise click.BadParameter(f"{socket_mode!r} is not a file mode", param_hint="--socket-mode")
+    configure_logging(log_level)
+    spec = _load(target)
+    engines = _engines(master, confs)
+    config = _agent_config(flush_interval, max_batch_points, max_frame_size)
+    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode)
+    try:
+        server.bind()
+    except SocketServerError as exc:
+        raise click.ClickException(str(exc)) from None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.shutdown())
+    server.serve_forever()
+    _exit(0, engines)
+
+
+@main.command()
+@click.argument("target")
+@click.option("--kapacitor-conf", "conf_name", metavar="NAME", help="Print the kapacitor.conf block and a TICKscript call for NAME.")
+def info(target: str, conf_name: str | None) -> None:
+    """Show TARGET's wants, provides and options."""
+    spec = _load(target)
+    if conf_name:
+        click.echo(_kapacitor_conf(conf_name, target, spec))
+        return
+    click.echo(f"{spec.name}: {spec.description}" if spec.description else spec.name)
+    click.echo(f"  wants: {spec.wants}   provides: {spec.provides}")
+    if not spec.options:
+        click.echo("  options: none")
+        return
+    click.echo("  options:")
+    for option in spec.options:
+        if option.multiple:
+            default = "repeatable"
+        elif option.required:
+            default = "required"
+        else:
+            default = f"default {_tick_value(option.default_value(), option)}"
+        line = f"    .{option.name}({', '.join(option.type_names())})  {default}"
+        click.echo(f"{line}  {option.help}" if option.help else line)
+
+
+@main.command(name="list")
+def list_builtins() -> None:
+    """List the built-in UDFs."""
+    from udf_agent.targets import builtin_specs
+
+    for name, spec in builtin_specs().items():
+        click.echo(f"{name:<12} {spec.wants}->{spec.provides}  {spec.description}")
+
+
+def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
+    from udf_agent.targets import builtin_specs
+
+    if os.path.basename(sys.argv[0]) == "__main__.py":
+        prog, args = sys.executable, ["-m", "udf_agent", "run", target]
+    else:
+        prog = shutil.which(sys.argv[0]) or sys.argv[0]
+        prog, args = os.path.abspath(prog), ["run", target]
+    lines = [
+        f"[udf.functions.{name}]",
+        f'  prog = "{prog}"',
+        "  args = [" + ", ".join(f'"{a}"' for a in args) + "]",
+        '  timeout = "10s"',
+    ]
+    if target not in builtin_specs():
+        lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{os.getcwd()}"']
+    call = "".join(f".{o.name}({_tick_example(o)})" for o in spec.options if not o.multiple)
+    source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
+    lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
+    return "\n".join(lines)
+
+
+def _tick_example(option: Option) -> str:
+    if not option.required:
+        return _tick_value(option.default_value(), option)
+    if option.example is not None:
+        return _tick_value(option.example, option)
+    samples = {0: "TRUE", 1: "1", 2: "1.0", 3: "'value'", 4: "1s"}
+    return ", ".join(samples[t] for t in option.value_types)
+
+
+def _tick_value(value: Any, option: Option) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    if isinstance(value, int) and option.value_types == (4,):
+        return f"{value}ns"
+    return repr(value)
+
+
+def _exit(code: int, engines: Any) -> None:
+    """Ends the process once every frame is out: Spark's JVM follows its parent down."""
+    import threading
+
+    stopper = threading.Thread(target=engines.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    sys.stderr.flush()
+    os._exit(code)

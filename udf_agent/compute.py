@@ -1,0 +1,403 @@
+"""The work done for one group or one Kapacitor batch, wherever it runs.
+
+A micro-batch reaches a compute engine as tasks, one per group (stream) or
+per Kapacitor batch: the group's new rows and its kept history as Arrow IPC
+bytes, its UDF state as JSON. A task's result carries the encoded output
+frames, the new history and state. The same functions run inside Spark's
+pandas UDF and in-process, so results are identical by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from udf_agent import table as cols
+from udf_agent import udf_pb2
+from udf_agent.api import Context, UDFSpec
+from udf_agent.guard import encode_batch, encode_points
+from udf_agent.options import OptionValues, duration_option_names
+
+log = logging.getLogger(__name__)
+
+TASK_COLUMNS = ("seq", "key", "meta", "data", "history", "state")
+RESULT_COLUMNS = ("seq", "key", "output", "history", "state", "error", "emitted")
+RESULT_DDL = "seq long, key string, output binary, history binary, state string, error string, emitted long"
+
+TIME_COLUMN = "time"
+TAG_COLUMN_PREFIX = "tag:"
+
+
+@dataclass
+class Job:
+    """What a worker needs besides the tasks: the UDF and its parsed options."""
+
+    spec: UDFSpec
+    options: dict[str, Any]
+
+    def option_values(self) -> OptionValues:
+        return OptionValues(self.options, duration_option_names(self.spec.options))
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_table(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The body of the pandas UDF: task rows in, result rows out."""
+    for frame in frames:
+        results = [run_task(job, task) for task in frame.itertuples(index=False)]
+        yield pd.DataFrame(results, columns=list(RESULT_COLUMNS))
+
+
+def run_task(job: Job, task: Any) -> tuple:
+    meta = json.loads(task.meta)
+    try:
+        if job.spec.wants == "stream":
+            output, history, state, emitted = _run_stream_task(job, task, meta)
+        else:
+            output, history, state, emitted = _run_batch_task(job, task, meta)
+        return (task.seq, task.key, output, history, state, None, emitted)
+    except Exception:
+        where = f"group {task.key!r}" if task.key else "the ungrouped data"
+        error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
+        return (task.seq, task.key, None, None, None, error, 0)
+
+
+def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
+    data = ipc_to_table(task.data)
+    history_rows = 0
+    if _present(task.history):
+        kept = ipc_to_table(task.history)
+        history_rows = kept.num_rows
+        data = pa.concat_tables([kept, data], promote_options="default")
+    frame, layout = user_frame(data)
+    last = data.num_rows - 1
+    dims = data.column(cols.DIMENSIONS)[last].as_py()
+    tags = {d: _tag_value(data, d, last) for d in dims}
+    ctx = Context(
+        options=job.option_values(),
+        group=task.key,
+        tags={k: v for k, v in tags.items() if v is not None},
+        name=data.column(cols.NAME)[last].as_py(),
+        state=_load_state(task.state),
+        history_rows=history_rows,
+    )
+    result = job.spec.function(frame, ctx)
+    points = output_points(result, data, layout, ctx, first_row=history_rows)
+    if job.spec.provides == "stream":
+        output = encode_points(points)
+    elif points:
+        output = encode_batch(
+            name=ctx.name,
+            group=task.key,
+            tags=ctx.tags,
+            tmax=max(p.time for p in points),
+            by_name=bool(data.column(cols.BY_NAME)[last].as_py()),
+            points=points,
+        )
+    else:
+        output = b""
+    history = _keep_history(data, meta.get("history"))
+    return output, history, _dump_state(ctx.state), len(points)
+
+
+def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str | None, int]:
+    data = ipc_to_table(task.data)
+    frame, layout = user_frame(data)
+    ctx = Context(
+        options=job.option_values(),
+        group=task.key,
+        tags=dict(meta["tags"]),
+        name=meta["name"],
+        tmax=pd.Timestamp(meta["tmax"], unit="ns", tz="UTC"),
+        state=_load_state(task.state),
+    )
+    result = job.spec.function(frame, ctx)
+    if job.spec.provides == "batch":
+        points = output_points(result, data, layout, ctx, first_row=0, in_batch=True)
+        output = encode_batch(
+            name=meta["name"],
+            group=task.key,
+            tags=ctx.tags,
+            tmax=meta["tmax"],
+            by_name=meta["by_name"],
+            points=points,
+        )
+    else:
+        points = output_points(result, data, layout, ctx, first_row=0, dimensions=tuple(ctx.tags))
+        output = encode_points(points)
+    return output, None, _dump_state(ctx.state), len(points)
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
+def _tag_value(data: pa.Table, key: str, row: int) -> str | None:
+    name = cols.TAG + key
+    if name not in data.column_names:
+        return None
+    return data.column(name)[row].as_py()
+
+
+def _load_state(state: Any) -> dict:
+    if not _present(state):
+        return {}
+    return json.loads(state)
+
+
+def _dump_state(state: Any) -> str | None:
+    if not isinstance(state, dict):
+        raise TypeError(f"ctx.state must stay a dict, got {type(state).__name__}")
+    if not state:
+        return None
+    try:
+        return json.dumps(state, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"ctx.state must hold JSON values only (str, int, float, bool, None, lists, dicts): {exc}") from None
+
+
+def _keep_history(data: pa.Table, window: dict | None) -> bytes | None:
+    if not window or data.num_rows == 0:
+        return None
+    if "rows" in window:
+        kept = data.slice(max(0, data.num_rows - window["rows"]))
+    else:
+        import pyarrow.compute as pc
+
+        times = data.column(cols.TIME)
+        newest = pc.max(times).as_py()
+        kept = data.filter(pc.greater_equal(times, newest - window["ns"]))
+    return table_to_ipc(kept)
+
+
+# ---- internal table <-> the DataFrame a UDF sees ----
+
+
+@dataclass
+class Layout:
+    """How the UDF's column names map back to tags and fields."""
+
+    tag_columns: dict[str, str]  # user column -> tag key
+
+
+def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
+    """``time`` (UTC timestamps), one column per tag, one per field.
+
+    A tag that shares its name with a field (or with ``time``) is shown as
+    ``tag:NAME``. A field sent with different types in one frame becomes one
+    object column holding each point's own value.
+    """
+    names = data.column_names
+    field_kinds: dict[str, list[str]] = {}
+    for name in names:
+        prefix = cols.column_prefix(name) if ":" in name else ""
+        if prefix in cols.FIELD_PREFIXES:
+            field_kinds.setdefault(name[len(prefix) :], []).append(name)
+    columns: dict[str, Any] = {
+        TIME_COLUMN: pd.to_datetime(data.column(cols.TIME).to_numpy(), unit="ns", utc=True)
+    }
+    layout = Layout(tag_columns={})
+    for name in names:
+        if name.startswith(cols.TAG):
+            key = name[len(cols.TAG) :]
+            user_name = TAG_COLUMN_PREFIX + key if key in field_kinds or key == TIME_COLUMN else key
+            columns[user_name] = _to_pandas(data.column(name))
+            layout.tag_columns[user_name] = key
+    for key, sources in field_kinds.items():
+        if len(sources) == 1:
+            columns[key] = _to_pandas(data.column(sources[0]))
+        else:
+            merged = [None] * data.num_rows
+            for source in sources:
+                for row, value in enumerate(data.column(source).to_pylist()):
+                    if value is not None and merged[row] is None:
+                        merged[row] = value
+            columns[key] = pd.Series(merged, dtype=object)
+    frame = pd.DataFrame(columns)
+    frame.index = pd.RangeIndex(data.num_rows)
+    return frame, layout
+
+
+_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+
+
+def _to_pandas(column: pa.ChunkedArray) -> Any:
+    if column.null_count and column.type in _NULLABLE:
+        return column.to_pandas(types_mapper=_NULLABLE.get)
+    return column.to_pandas()
+
+
+def output_points(
+    result: Any,
+    data: pa.Table,
+    layout: Layout,
+    ctx: Context,
+    *,
+    first_row: int,
+    in_batch: bool = False,
+    dimensions: tuple[str, ...] | None = None,
+) -> list[udf_pb2.Point]:
+    """Turns a UDF's result into points.
+
+    Rows whose index labels name input rows carry that row's time, metadata
+    and tags; results for history rows (labels below ``first_row``) are
+    dropped. Rows with other labels must carry a ``time`` column and take the
+    group's metadata. Columns that were tags, or are named ``tag:KEY``, are
+    tags; ``time`` is the time; every other column is a field.
+    """
+    if result is None:
+        return []
+    if not isinstance(result, pd.DataFrame):
+        raise TypeError(f"the UDF must return a pandas DataFrame or None, got {type(result).__name__}")
+    if result.empty:
+        return []
+    source = _source_rows(result, data.num_rows)
+    if source is not None:
+        keep = source >= first_row
+        result, source = result[keep], source[keep]
+        order = np.argsort(source, kind="stable")
+        result, source = result.iloc[order], source[order]
+    elif TIME_COLUMN in result.columns:
+        result = result.iloc[np.argsort(_times(result[TIME_COLUMN]), kind="stable")]
+    else:
+        raise ValueError(
+            "result rows must keep the input's index labels, or carry a 'time' column "
+            f"(got index {result.index[:5].tolist()!r}...)"
+        )
+    count = len(result)
+    if count == 0:
+        return []
+    last = data.num_rows - 1
+    rows = source if source is not None else np.full(count, last, dtype=np.int64)
+    times = _times(result[TIME_COLUMN]) if TIME_COLUMN in result.columns else data.column(cols.TIME).to_numpy()[rows]
+
+    def meta(name: str) -> list[Any]:
+        if last < 0:
+            return [None] * count
+        return data.column(name).take(pa.array(rows)).to_pylist()
+
+    names, databases, policies = meta(cols.NAME), meta(cols.DATABASE), meta(cols.RETENTION_POLICY)
+    dims, by_names = meta(cols.DIMENSIONS), meta(cols.BY_NAME)
+    tag_values: dict[str, list[Any]] = {}
+    if source is not None:
+        for name in data.column_names:
+            if name.startswith(cols.TAG):
+                tag_values[name[len(cols.TAG) :]] = data.column(name).take(pa.array(rows)).to_pylist()
+    else:
+        for key, value in ctx.tags.items():
+            tag_values[key] = [value] * count
+    fields: list[tuple[str, str, list[Any]]] = []
+    for column in result.columns:
+        if column == TIME_COLUMN:
+            continue
+        key = layout.tag_columns.get(column)
+        if key is None and isinstance(column, str) and column.startswith(TAG_COLUMN_PREFIX):
+            key = column[len(TAG_COLUMN_PREFIX) :]
+        values = result[column]
+        if key is not None:
+            override = [None if _missing(v) else str(v) for v in values.tolist()]
+            base = tag_values.get(key, [None] * count)
+            tag_values[key] = [o if o is not None else b for o, b in zip(override, base)]
+        else:
+            fields.append((str(column), _field_kind(column, values), values.tolist()))
+
+    points = []
+    for i in range(count):
+        point = udf_pb2.Point(time=int(times[i]), group=ctx.group)
+        if not in_batch:
+            point.name = names[i] or ctx.name
+            point.database = databases[i] or ""
+            point.retentionPolicy = policies[i] or ""
+            point.byName = bool(by_names[i])
+            point.dimensions.extend(dimensions if dimensions is not None else (dims[i] or ()))
+        for key, values in tag_values.items():
+            value = values[i]
+            if value is not None:
+                point.tags[key] = value
+        for key, kind, values in fields:
+            _set_field(point, key, kind, values[i])
+        points.append(point)
+    return points
+
+
+def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:
+    index = result.index
+    if not pd.api.types.is_integer_dtype(index.dtype) or input_rows == 0:
+        return None
+    labels = index.to_numpy(dtype=np.int64)
+    if labels.min() < 0 or labels.max() >= input_rows:
+        return None
+    return labels
+
+
+def _times(series: pd.Series) -> np.ndarray:
+    if pd.api.types.is_datetime64_any_dtype(series.dtype):
+        stamps = pd.DatetimeIndex(series)
+        if stamps.tz is None:
+            stamps = stamps.tz_localize("UTC")
+        return stamps.as_unit("ns").asi8
+    if pd.api.types.is_integer_dtype(series.dtype):
+        return series.to_numpy(dtype=np.int64)
+    raise TypeError(f"the 'time' column must hold timestamps or int64 nanoseconds, got {series.dtype}")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def _field_kind(column: Any, values: pd.Series) -> str:
+    dtype = values.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        return "bool"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "int"
+    if pd.api.types.is_float_dtype(dtype):
+        return "double"
+    if pd.api.types.is_string_dtype(dtype) or dtype == object:
+        return "value"
+    raise TypeError(
+        f"result column {column!r} has dtype {dtype}; fields must be float, int, bool or str"
+    )
+
+
+def _set_field(point: udf_pb2.Point, key: str, kind: str, value: Any) -> None:
+    if _missing(value):
+        return
+    if kind == "value":
+        kind = _value_kind(key, value)
+    if kind == "double":
+        point.fieldsDouble[key] = value
+    elif kind == "int":
+        point.fieldsInt[key] = value
+    elif kind == "bool":
+        point.fieldsBool[key] = value
+    else:
+        point.fieldsString[key] = value
+
+
+def _value_kind(key: str, value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int"
+    if isinstance(value, (float, np.floating)):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    raise TypeError(f"field {key!r} holds a {type(value).__name__}; fields must be float, int, bool or str")

@@ -1,0 +1,226 @@
+"""Typed option declarations and their validation against an InitRequest.
+
+Kapacitor sends options in TICKscript call order with every value typed and
+never coerced. Validation here reports every problem of one InitRequest at
+once, so a TICKscript author fixes them in one round. Nothing in this module
+imports pandas: it runs on the Init path, where the reader must stay quick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from udf_agent import udf_pb2
+
+
+class Duration:
+    """Marks an option of Kapacitor's DURATION type (a ``pandas.Timedelta`` for the UDF)."""
+
+
+_TYPE_TO_WIRE: dict[Any, int] = {
+    bool: udf_pb2.BOOL,
+    int: udf_pb2.INT,
+    float: udf_pb2.DOUBLE,
+    str: udf_pb2.STRING,
+    Duration: udf_pb2.DURATION,
+}
+_WIRE_NAMES = {number: name for name, number in udf_pb2.ValueType.items()}
+_VALUE_FIELD = {
+    udf_pb2.BOOL: "boolValue",
+    udf_pb2.INT: "intValue",
+    udf_pb2.DOUBLE: "doubleValue",
+    udf_pb2.STRING: "stringValue",
+    udf_pb2.DURATION: "durationValue",
+}
+
+_REQUIRED = object()
+
+# A validator returns None (or True) when the value is fine, else False or a message.
+Validator = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option a TICKscript author sets as ``.name(value, ...)``.
+
+    ``type`` is one of bool, int, float, str, Duration, or a sequence of them
+    for an option that takes several values (the UDF then gets a tuple).
+    Without a ``default`` the option is required. ``multiple=True`` lets the
+    option be called more than once; the UDF then gets a list of its values.
+    """
+
+    name: str
+    type: Any
+    default: Any = _REQUIRED
+    validate: Validator | None = None
+    help: str = ""
+    multiple: bool = False
+    example: Any = None
+    value_types: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        types = tuple(self.type) if isinstance(self.type, (list, tuple)) else (self.type,)
+        if not types:
+            raise TypeError(f"option {self.name!r} declares no value type")
+        unknown = [t for t in types if t not in _TYPE_TO_WIRE]
+        if unknown:
+            raise TypeError(
+                f"option {self.name!r}: unsupported type {unknown[0]!r} "
+                "(use bool, int, float, str or udf_agent.Duration)"
+            )
+        object.__setattr__(self, "value_types", tuple(_TYPE_TO_WIRE[t] for t in types))
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED and not self.multiple
+
+    def type_names(self) -> list[str]:
+        return [_WIRE_NAMES[t] for t in self.value_types]
+
+    def default_value(self) -> Any:
+        if self.multiple and self.default is _REQUIRED:
+            return []
+        return self.default
+
+
+class OptionValues(Mapping[str, Any]):
+    """Options as the UDF sees them: ``opts["as"]`` or ``opts.size``.
+
+    Durations are kept as int64 nanoseconds on the wire side and become
+    ``pandas.Timedelta`` only when read, so validation never imports pandas.
+    """
+
+    def __init__(self, values: Mapping[str, Any], durations: Sequence[str] = ()):
+        self._values = dict(values)
+        self._durations = frozenset(durations)
+
+    def raw(self) -> dict[str, Any]:
+        """Values with durations as nanoseconds, as they travel to workers and snapshots."""
+        return dict(self._values)
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._values[name]
+        if name in self._durations:
+            return _to_timedelta(value)
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"OptionValues({self._values!r})"
+
+    def __reduce__(self):
+        return (OptionValues, (self._values, tuple(self._durations)))
+
+
+def _to_timedelta(value: Any) -> Any:
+    import pandas as pd
+
+    if isinstance(value, int):
+        return pd.Timedelta(value, unit="ns")
+    if isinstance(value, tuple):
+        return tuple(_to_timedelta(v) for v in value)
+    if isinstance(value, list):
+        return [_to_timedelta(v) for v in value]
+    return value
+
+
+def duration_option_names(declared: Sequence[Option]) -> tuple[str, ...]:
+    return tuple(o.name for o in declared if udf_pb2.DURATION in o.value_types)
+
+
+class OptionsError(ValueError):
+    """All problems found in one InitRequest, one per line."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def parse_options(declared: Sequence[Option], given: Sequence[udf_pb2.Option]) -> OptionValues:
+    """Checks Kapacitor's options against the declarations; raises OptionsError listing every problem."""
+    by_name = {o.name: o for o in declared}
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for option in given:
+        spec = by_name.get(option.name)
+        if spec is None:
+            known = ", ".join(sorted(by_name)) or "none"
+            problems.append(f"unknown option {option.name!r} (known options: {known})")
+            continue
+        value = _option_value(spec, option, problems)
+        if value is _REQUIRED:
+            continue
+        if spec.multiple:
+            values.setdefault(spec.name, []).append(value)
+        elif spec.name in values:
+            problems.append(f"option {spec.name!r} is given more than once")
+        else:
+            values[spec.name] = value
+    for spec in declared:
+        if spec.name in values:
+            continue
+        if spec.required:
+            problems.append(f"missing required option {spec.name!r} ({_signature(spec)})")
+        else:
+            values[spec.name] = spec.default_value()
+    for spec in declared:
+        if spec.validate is None or spec.name not in values or spec.name not in {o.name for o in given}:
+            continue
+        message = _run_validator(spec, values[spec.name])
+        if message:
+            problems.append(message)
+    if problems:
+        raise OptionsError(problems)
+    return OptionValues(values, duration_option_names(declared))
+
+
+def _option_value(spec: Option, option: udf_pb2.Option, problems: list[str]) -> Any:
+    if len(option.values) != len(spec.value_types):
+        problems.append(
+            f"option {spec.name!r} takes {len(spec.value_types)} value(s) ({_signature(spec)}), "
+            f"got {len(option.values)}"
+        )
+        return _REQUIRED
+    values = []
+    for position, (wire_value, wanted) in enumerate(zip(option.values, spec.value_types), 1):
+        if wire_value.type != wanted:
+            where = f" value {position}" if len(spec.value_types) > 1 else ""
+            problems.append(
+                f"option {spec.name!r}{where} must be {_WIRE_NAMES[wanted]}, "
+                f"got {_WIRE_NAMES.get(wire_value.type, wire_value.type)}"
+            )
+            return _REQUIRED
+        values.append(getattr(wire_value, _VALUE_FIELD[wanted]))
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _run_validator(spec: Option, value: Any) -> str | None:
+    try:
+        verdict = spec.validate(_to_timedelta(value) if udf_pb2.DURATION in spec.value_types else value)
+    except Exception as exc:  # a validator that raises is reporting a problem
+        return f"option {spec.name!r}: {exc}"
+    if verdict is None or verdict is True:
+        return None
+    if verdict is False:
+        return f"option {spec.name!r}: invalid value {value!r}"
+    return f"option {spec.name!r}: {verdict}"
+
+
+def _signature(spec: Option) -> str:
+    return ", ".join(spec.type_names())
+
+
+def option_info(declared: Sequence[Option]) -> dict[str, udf_pb2.OptionInfo]:
+    return {o.name: udf_pb2.OptionInfo(valueTypes=o.value_types) for o in declared}

@@ -1,0 +1,216 @@
+"""Kapacitor's UDF protocol state, sans-IO.
+
+``Session.receive(request, now)`` takes one Request and returns events for
+the runtime: frames to send at once, work for the compute side (in order),
+or a protocol failure. Time is passed in, never read, so tests drive it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Union
+
+from udf_agent import udf_pb2
+from udf_agent.api import UDFSpec
+from udf_agent.guard import OutputGuard, keepalive_frame
+from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
+from udf_agent.table import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
+
+log = logging.getLogger(__name__)
+
+_EDGE = {"stream": udf_pb2.STREAM, "batch": udf_pb2.BATCH}
+
+
+@dataclass(frozen=True)
+class Send:
+    """A frame to write now; urgent frames (keepalives) jump ahead of data."""
+
+    frame: bytes
+    urgent: bool = False
+
+
+@dataclass(frozen=True)
+class Started:
+    """Init succeeded: the compute engine may start warming up."""
+
+    options: OptionValues
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A closed micro-batch, to be computed in arrival order."""
+
+    batch: Union[StreamMicroBatch, BatchMicroBatch]
+
+
+@dataclass(frozen=True)
+class TakeSnapshot:
+    """Reply to a SnapshotRequest once everything before it is computed."""
+
+
+@dataclass(frozen=True)
+class Restore:
+    snapshot: bytes
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The peer broke the protocol: the task must end with this error."""
+
+    message: str
+
+
+Event = Union[Send, Started, Compute, TakeSnapshot, Restore, Fail]
+
+
+class Session:
+    def __init__(self, spec: UDFSpec, *, max_batch_points: int, flush_interval: float):
+        self.spec = spec
+        self.guard = OutputGuard()
+        self.options: OptionValues | None = None
+        self.max_batch_points = max_batch_points
+        self.flush_interval = flush_interval
+        self.failed = False
+        self._pending: StreamMicroBatch | BatchMicroBatch | None = None
+        self._open_batch: KapacitorBatch | None = None
+
+    # ---- input ----
+
+    def receive(self, request: udf_pb2.Request, now: float) -> list[Event]:
+        if self.failed:
+            return []
+        kind = request.WhichOneof("message")
+        if kind == "keepalive":
+            return [Send(keepalive_frame(request.keepalive.time), urgent=True)]
+        if kind == "point":
+            return self._point(request.point, now)
+        if kind == "begin":
+            return self._begin(request.begin)
+        if kind == "end":
+            return self._end(request.end, now)
+        if kind == "info":
+            return self._reply(udf_pb2.Response(info=self.info()), kind)
+        if kind == "init":
+            return self._init(request.init)
+        if kind == "snapshot":
+            self.guard.expect(kind)
+            return [*self._close_pending(), TakeSnapshot()]
+        if kind == "restore":
+            self.guard.expect(kind)
+            return [*self._close_pending(), Restore(request.restore.snapshot)]
+        return self.fail("received an empty Request (no message set)")
+
+    def info(self) -> udf_pb2.InfoResponse:
+        return udf_pb2.InfoResponse(
+            wants=_EDGE[self.spec.wants],
+            provides=_EDGE[self.spec.provides],
+            options=option_info(self.spec.options),
+        )
+
+    def deadline(self) -> float | None:
+        """When the open micro-batch must be computed, at the latest."""
+        return None if self._pending is None else self._pending.opened_at + self.flush_interval
+
+    def flush_due(self, now: float) -> list[Event]:
+        deadline = self.deadline()
+        if deadline is not None and now >= deadline:
+            return self._close_pending()
+        return []
+
+    def finish(self) -> list[Event]:
+        """End of input: everything accepted goes to compute."""
+        if self._open_batch is not None:
+            log.warning(
+                "input ended inside batch %r of group %r: its %d point(s) were never closed by an "
+                "EndBatch and are not computed",
+                self._open_batch.name,
+                self._open_batch.group,
+                self._open_batch.rows.count,
+            )
+            self._open_batch = None
+        return self._close_pending()
+
+    # ---- handlers ----
+
+    def _reply(self, response: udf_pb2.Response, kind: str) -> list[Event]:
+        self.guard.expect(kind)
+        frame = self.guard.reply(response)
+        return [Send(frame)] if frame is not None else []
+
+    def _init(self, init: udf_pb2.InitRequest) -> list[Event]:
+        if self.options is not None:
+            return self.fail("received a second InitRequest after a successful one")
+        try:
+            options = parse_options(self.spec.options, init.options)
+            self.spec.history_window(options)
+        except OptionsError as exc:
+            return self._init_failed(f"invalid options for UDF {self.spec.name!r}: {exc}")
+        except Exception as exc:
+            return self._init_failed(f"UDF {self.spec.name!r} cannot start with these options: {exc}")
+        self.options = options
+        log.info("task %s node %s: UDF %s initialised with %s", init.taskID or "?", init.nodeID or "?", self.spec.name, dict(options.raw()))
+        return [*self._reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)), "init"), Started(options)]
+
+    def _init_failed(self, message: str) -> list[Event]:
+        log.error("%s", message)
+        return self._reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=False, error=message)), "init")
+
+    def _require_init(self, what: str) -> list[Event] | None:
+        if self.options is None:
+            return self.fail(f"received {what} before a successful Init")
+        return None
+
+    def _point(self, point: udf_pb2.Point, now: float) -> list[Event]:
+        refused = self._require_init("a Point")
+        if refused is not None:
+            return refused
+        if self._open_batch is not None:
+            self._open_batch.rows.append(point)
+            return []
+        if self.spec.wants != "stream":
+            return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = StreamMicroBatch(opened_at=now)
+        pending.append(point)
+        if pending.count >= self.max_batch_points:
+            return self._close_pending()
+        return []
+
+    def _begin(self, begin: udf_pb2.BeginBatch) -> list[Event]:
+        refused = self._require_init("a BeginBatch")
+        if refused is not None:
+            return refused
+        if self.spec.wants != "batch":
+            return self.fail(f"UDF {self.spec.name!r} wants a stream, but a BeginBatch arrived")
+        if self._open_batch is not None:
+            return self.fail(f"BeginBatch for group {begin.group!r} arrived while batch {self._open_batch.group!r} was still open")
+        self._open_batch = KapacitorBatch(begin)
+        return []
+
+    def _end(self, end: udf_pb2.EndBatch, now: float) -> list[Event]:
+        refused = self._require_init("an EndBatch")
+        if refused is not None:
+            return refused
+        batch = self._open_batch
+        if batch is None:
+            return self.fail("EndBatch arrived with no open BeginBatch")
+        self._open_batch = None
+        batch.close(end)
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = BatchMicroBatch(opened_at=now)
+        pending.add(batch)
+        if pending.count >= self.max_batch_points:
+            return self._close_pending()
+        return []
+
+    def _close_pending(self) -> list[Event]:
+        pending, self._pending = self._pending, None
+        return [Compute(pending)] if pending is not None else []
+
+    def fail(self, message: str) -> list[Event]:
+        # What was accepted before the violation is still computed and sent.
+        self.failed = True
+        return [*self._close_pending(), Fail(message)]

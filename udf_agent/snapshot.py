@@ -1,0 +1,65 @@
+"""The runtime's own snapshot format: versioned, checksummed, never executable.
+
+    b"KUDFSNAP" | version (uint16, big-endian) | sha256(body) | body
+
+The body is an Arrow IPC stream of one table (group, history, state): the
+kept history of each group as Arrow IPC bytes and its UDF state as JSON. The
+UDF's name is in the schema metadata so a snapshot of another UDF is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+MAGIC = b"KUDFSNAP"
+VERSION = 1
+_HEADER = struct.Struct(">8sH32s")
+
+GroupState = tuple  # (history IPC bytes | None, state JSON | None)
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be restored; nothing was changed."""
+
+
+def dump_snapshot(udf_name: str, groups: dict[str, GroupState]) -> bytes:
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "group": pa.array(list(groups), pa.string()),
+            "history": pa.array([h for h, _ in groups.values()], pa.binary()),
+            "state": pa.array([s for _, s in groups.values()], pa.string()),
+        }
+    ).replace_schema_metadata({"udf": udf_name})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest()) + body
+
+
+def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
+    import pyarrow as pa
+
+    if len(data) < _HEADER.size or not data.startswith(MAGIC):
+        raise SnapshotError("not a udf-agent snapshot (unknown header)")
+    _, version, digest = _HEADER.unpack_from(data)
+    if version != VERSION:
+        raise SnapshotError(f"snapshot format version {version} is not supported (this agent reads version {VERSION})")
+    body = data[_HEADER.size :]
+    if hashlib.sha256(body).digest() != digest:
+        raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        metadata = table.schema.metadata or {}
+        owner = metadata.get(b"udf", b"").decode()
+        groups = table.column("group").to_pylist()
+        histories = table.column("history").to_pylist()
+        states = table.column("state").to_pylist()
+    except (pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"snapshot body is unreadable: {exc}") from None
+    if owner != udf_name:
+        raise SnapshotError(f"snapshot belongs to UDF {owner!r}, not {udf_name!r}")
+    return {g: (h, s) for g, h, s in zip(groups, histories, states)}

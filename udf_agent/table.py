@@ -1,0 +1,153 @@
+"""Columnar accumulation of incoming points, one table per group.
+
+The reader appends points into plain Python lists (no pandas, no pyarrow on
+the reader's path); the compute side turns a group's lists into one Arrow
+table. Column names carry a prefix, so tags and fields can never collide
+with each other or with the point's metadata:
+
+    __time __name __db __rp __dims __byname   point metadata
+    t:KEY                                     tags
+    fd:KEY fi:KEY fs:KEY fb:KEY               double/int/string/bool fields
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TIME = "__time"
+NAME = "__name"
+DATABASE = "__db"
+RETENTION_POLICY = "__rp"
+DIMENSIONS = "__dims"
+BY_NAME = "__byname"
+TAG = "t:"
+FIELD_DOUBLE = "fd:"
+FIELD_INT = "fi:"
+FIELD_STRING = "fs:"
+FIELD_BOOL = "fb:"
+FIELD_PREFIXES = (FIELD_DOUBLE, FIELD_INT, FIELD_STRING, FIELD_BOOL)
+
+_SparseColumn = tuple[list[int], list[Any]]
+
+
+class GroupRows:
+    """The points of one group, column by column."""
+
+    __slots__ = ("count", "time", "name", "database", "retention_policy", "dimensions", "by_name", "sparse")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.time: list[int] = []
+        self.name: list[str] = []
+        self.database: list[str] = []
+        self.retention_policy: list[str] = []
+        self.dimensions: list[tuple[str, ...]] = []
+        self.by_name: list[bool] = []
+        # column name -> (row numbers, values); most columns are dense, some are not
+        self.sparse: dict[str, _SparseColumn] = {}
+
+    def append(self, point: Any) -> None:
+        row = self.count
+        self.count = row + 1
+        self.time.append(point.time)
+        self.name.append(point.name)
+        self.database.append(point.database)
+        self.retention_policy.append(point.retentionPolicy)
+        self.dimensions.append(tuple(point.dimensions))
+        self.by_name.append(point.byName)
+        sparse = self.sparse
+        for prefix, mapping in (
+            (TAG, point.tags),
+            (FIELD_DOUBLE, point.fieldsDouble),
+            (FIELD_INT, point.fieldsInt),
+            (FIELD_STRING, point.fieldsString),
+            (FIELD_BOOL, point.fieldsBool),
+        ):
+            for key, value in mapping.items():
+                column = sparse.get(prefix + key)
+                if column is None:
+                    column = sparse[prefix + key] = ([], [])
+                column[0].append(row)
+                column[1].append(value)
+
+    def to_arrow(self) -> Any:
+        import pyarrow as pa
+
+        arrays: dict[str, Any] = {
+            TIME: pa.array(self.time, pa.int64()),
+            NAME: pa.array(self.name, pa.string()),
+            DATABASE: pa.array(self.database, pa.string()),
+            RETENTION_POLICY: pa.array(self.retention_policy, pa.string()),
+            DIMENSIONS: pa.array(self.dimensions, pa.list_(pa.string())),
+            BY_NAME: pa.array(self.by_name, pa.bool_()),
+        }
+        types = {
+            TAG: pa.string(),
+            FIELD_DOUBLE: pa.float64(),
+            FIELD_INT: pa.int64(),
+            FIELD_STRING: pa.string(),
+            FIELD_BOOL: pa.bool_(),
+        }
+        for column_name, (rows, values) in self.sparse.items():
+            if len(rows) != self.count:
+                dense: list[Any] = [None] * self.count
+                for row, value in zip(rows, values):
+                    dense[row] = value
+                values = dense
+            arrays[column_name] = pa.array(values, types[column_prefix(column_name)])
+        return pa.table(arrays)
+
+
+def column_prefix(column_name: str) -> str:
+    """The kind prefix of a tag or field column ("t:", "fd:", ...)."""
+    return column_name[: column_name.index(":") + 1]
+
+
+class StreamMicroBatch:
+    """Stream points waiting to be computed, grouped by Kapacitor group id."""
+
+    def __init__(self, opened_at: float):
+        self.opened_at = opened_at
+        self.count = 0
+        self.groups: dict[str, GroupRows] = {}
+
+    def append(self, point: Any) -> None:
+        rows = self.groups.get(point.group)
+        if rows is None:
+            rows = self.groups[point.group] = GroupRows()
+        rows.append(point)
+        self.count += 1
+
+
+class KapacitorBatch:
+    """One complete batch as Kapacitor sent it, BeginBatch to EndBatch."""
+
+    __slots__ = ("group", "name", "tags", "by_name", "tmax", "rows")
+
+    def __init__(self, begin: Any):
+        self.group: str = begin.group
+        self.name: str = begin.name
+        self.tags: dict[str, str] = dict(begin.tags)
+        self.by_name: bool = begin.byName
+        self.tmax: int = 0
+        self.rows = GroupRows()
+
+    def close(self, end: Any) -> None:
+        # EndBatch defines the batch: its name, tags and tmax win over BeginBatch's.
+        self.name = end.name or self.name
+        if end.tags:
+            self.tags = dict(end.tags)
+        self.tmax = end.tmax
+
+
+class BatchMicroBatch:
+    """Complete Kapacitor batches waiting to be computed, in arrival order."""
+
+    def __init__(self, opened_at: float):
+        self.opened_at = opened_at
+        self.count = 0
+        self.batches: list[KapacitorBatch] = []
+
+    def add(self, batch: KapacitorBatch) -> None:
+        self.batches.append(batch)
+        self.count += batch.rows.count

@@ -1,0 +1,210 @@
+"""The two ways Kapacitor reaches an agent: the process's stdio, or a unix socket.
+
+Both are thin loops around ``Agent``; all protocol logic lives in the session.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import stat
+import sys
+import threading
+from typing import Callable
+
+from udf_agent.agent import Agent
+
+log = logging.getLogger(__name__)
+
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+class FdConnection:
+    """Kapacitor over a pair of file descriptors (the process's stdin/stdout)."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self._read_fd = read_fd
+        self._write_fd = write_fd
+
+    def read(self, size: int) -> bytes:
+        return os.read(self._read_fd, size)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._write_fd, view) :]
+
+    def close_write(self) -> None:
+        os.close(self._write_fd)
+
+    def abort_read(self) -> None:
+        # A blocking pipe read cannot be interrupted; the reader is a daemon
+        # thread and ends with the process.
+        pass
+
+
+class SocketConnection:
+    """Kapacitor over one accepted unix socket connection."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+
+    def read(self, size: int) -> bytes:
+        return self._sock.recv(size)
+
+    def write(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def close_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def abort_read(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def claim_stdio() -> FdConnection:
+    """Keeps the real stdin/stdout for the protocol and points fds 0 and 1 elsewhere.
+
+    After this, a stray ``print`` (the UDF's, a library's, or a child
+    process's such as Spark's JVM) lands on stderr and nothing but the
+    protocol can reach Kapacitor's end of stdout.
+    """
+    protocol_in = os.dup(0)
+    protocol_out = os.dup(1)
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return FdConnection(protocol_in, protocol_out)
+
+
+class SocketServerError(Exception):
+    """The socket path cannot be served (in use, not a socket, too long)."""
+
+
+class UnixSocketServer:
+    """Serves one independent agent session per connection, many at once."""
+
+    def __init__(self, path: str, make_agent: Callable[[SocketConnection], Agent], mode: int = 0o660):
+        self.path = os.path.abspath(path)
+        self.mode = mode
+        self._make_agent = make_agent
+        self._listener: socket.socket | None = None
+        self._stopping = threading.Event()
+        self._sessions: dict[threading.Thread, Agent] = {}
+        self._lock = threading.Lock()
+
+    def bind(self) -> None:
+        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
+            raise SocketServerError(f"socket path is {len(os.fsencode(self.path))} bytes long; unix sockets allow {MAX_SOCKET_PATH}: {self.path}")
+        self._remove_stale()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Create the file with no access at all, then open it up to exactly `mode`:
+        # there is no moment when it is world-writable.
+        old_umask = os.umask(0o777)
+        try:
+            listener.bind(self.path)
+        except OSError as exc:
+            listener.close()
+            raise SocketServerError(f"cannot bind {self.path}: {exc.strerror}") from None
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, self.mode)
+        listener.listen(64)
+        listener.settimeout(0.2)
+        self._listener = listener
+        log.info("listening on %s (mode %o)", self.path, self.mode)
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None, "bind() first"
+        try:
+            while not self._stopping.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except socket.timeout:
+                    continue
+                except OSError as exc:
+                    if self._stopping.is_set():
+                        break
+                    raise
+                conn.settimeout(None)
+                thread = threading.Thread(target=self._serve_connection, args=(conn,), name="session", daemon=True)
+                with self._lock:
+                    self._sessions[thread] = None  # type: ignore[assignment]
+                thread.start()
+        finally:
+            self._close()
+
+    def shutdown(self) -> None:
+        """Stops accepting; open sessions finish what they accepted, then end."""
+        self._stopping.set()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        connection = SocketConnection(conn)
+        thread = threading.current_thread()
+        try:
+            agent = self._make_agent(connection)
+            with self._lock:
+                self._sessions[thread] = agent
+            if self._stopping.is_set():
+                agent.stop_reading()
+            code = agent.run()
+            log.info("session ended (%s)", "ok" if code == 0 else "with an error")
+        except Exception:
+            log.exception("session failed")
+        finally:
+            connection.close()
+            with self._lock:
+                self._sessions.pop(thread, None)
+
+    def _close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            sessions = list(self._sessions.items())
+        if sessions:
+            log.info("stopping: finishing %d open session(s)", len(sessions))
+        for thread, agent in sessions:
+            if agent is not None:
+                agent.stop_reading()
+        for thread, _ in sessions:
+            thread.join()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        log.info("stopped; removed %s", self.path)
+
+    def _remove_stale(self) -> None:
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(info.st_mode):
+            raise SocketServerError(f"{self.path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(self.path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise SocketServerError(f"cannot check {self.path}: {exc.strerror}") from None
+            log.info("removing stale socket file %s", self.path)
+            os.unlink(self.path)
+        else:
+            raise SocketServerError(f"another server is already listening on {self.path}")
+        finally:
+            probe.close()
