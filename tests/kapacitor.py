@@ -8,6 +8,7 @@ how long each KeepaliveRequest takes to be answered.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -107,10 +108,72 @@ class Responses:
         return [r.WhichOneof("message") for r in self.items]
 
 
-class KapacitorDriver:
-    """Starts ``udf-agent ARGS`` as Kapacitor would and talks to it."""
+class _Driver:
+    """What Kapacitor does to an agent, whatever carries the bytes."""
+
+    responses: Responses
+
+    def __init__(self) -> None:
+        self._write_lock = threading.Lock()
+        self.keepalive_sent: dict[int, float] = {}
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def send(self, request: udf_pb2.Request) -> None:
+        length, body = request_frame(request)
+        with self._write_lock:
+            self._write(length)
+            self._write(body)
+
+    def send_raw(self, data: bytes) -> None:
+        with self._write_lock:
+            self._write(data)
+
+    def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
+        before = len(self.responses.of("info"))
+        self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        return self.responses.wait_for("info", before + 1, timeout=timeout)[-1]
+
+    def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
+        before = len(self.responses.of("init"))
+        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
+        return self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
+
+    def snapshot(self, timeout: float = 180) -> bytes:
+        before = len(self.responses.of("snapshot"))
+        self.send(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()))
+        return self.responses.wait_for("snapshot", before + 1, timeout=timeout)[-1].snapshot
+
+    def restore(self, data: bytes, timeout: float = 180) -> udf_pb2.RestoreResponse:
+        before = len(self.responses.of("restore"))
+        self.send(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data)))
+        return self.responses.wait_for("restore", before + 1, timeout=timeout)[-1]
+
+    def keepalive(self, stamp: int) -> None:
+        self.keepalive_sent[stamp] = time.monotonic()
+        self.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=stamp)))
+
+    def keepalive_latencies(self) -> list[float]:
+        """Seconds from each KeepaliveRequest to its answer (inf when never answered)."""
+        seen = self.responses.keepalive_seen
+        return [seen.get(stamp, float("inf")) - sent for stamp, sent in self.keepalive_sent.items()]
+
+    def point(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(point=udf_pb2.Point(**fields)))
+
+    def begin(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(begin=udf_pb2.BeginBatch(**fields)))
+
+    def end(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(end=udf_pb2.EndBatch(**fields)))
+
+
+class KapacitorDriver(_Driver):
+    """Starts ``udf-agent ARGS`` as a process, as Kapacitor would, and talks to it over pipes."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: str | None = None):
+        super().__init__()
         full_env = {**os.environ, **(env or {})}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
@@ -125,43 +188,13 @@ class KapacitorDriver:
         self.responses = Responses(self.process.stdout)
         self.stderr = bytearray()
         threading.Thread(target=self._drain_stderr, daemon=True).start()
-        self._write_lock = threading.Lock()
-        self.keepalive_sent: dict[int, float] = {}
 
     def _drain_stderr(self) -> None:
         for line in self.process.stderr:
             self.stderr += line
 
-    def send(self, request: udf_pb2.Request) -> None:
-        length, body = request_frame(request)
-        with self._write_lock:
-            self.process.stdin.write(length)
-            self.process.stdin.write(body)
-
-    def send_raw(self, data: bytes) -> None:
-        with self._write_lock:
-            self.process.stdin.write(data)
-
-    def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
-        self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
-        return self.responses.wait_for("info", timeout=timeout)[-1]
-
-    def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
-        before = len(self.responses.of("init"))
-        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
-        return self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
-
-    def keepalive(self, stamp: int) -> None:
-        self.keepalive_sent[stamp] = time.monotonic()
-        self.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=stamp)))
-
-    def keepalive_latencies(self) -> list[float]:
-        """Seconds from each KeepaliveRequest to its answer (inf when never answered)."""
-        seen = self.responses.keepalive_seen
-        return [seen.get(stamp, float("inf")) - sent for stamp, sent in self.keepalive_sent.items()]
-
-    def point(self, **fields: Any) -> None:
-        self.send(udf_pb2.Request(point=udf_pb2.Point(**fields)))
+    def _write(self, data: bytes) -> None:
+        self.process.stdin.write(data)
 
     def close(self, timeout: float = 180) -> int:
         """Closes the agent's stdin as Kapacitor does on stop, and waits for it to exit."""
@@ -176,3 +209,61 @@ class KapacitorDriver:
 
     def log(self) -> str:
         return self.stderr.decode(errors="replace")
+
+
+class SocketDriver(_Driver):
+    """Kapacitor's side of one unix socket connection (to a server, or to an in-process agent)."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self.sock = sock
+        self.responses = Responses(sock)
+
+    @classmethod
+    def connect(cls, path: str, timeout: float = 10) -> "SocketDriver":
+        deadline = time.monotonic() + timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                return cls(sock)
+            except OSError:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self, timeout: float = 180) -> None:
+        """Half-closes the connection as Kapacitor does on stop and waits for the agent's end."""
+        self.sock.shutdown(socket.SHUT_WR)
+        if not self.responses.closed.wait(timeout):
+            raise AssertionError("the agent did not close its side")
+        self.sock.close()
+
+
+class InProcessAgent:
+    """An ``Agent`` served on one end of a socketpair, in this process; the driver holds the other end."""
+
+    def __init__(self, spec: Any, engines: Any, config: Any = None):
+        from udf_agent.agent import Agent
+        from udf_agent.transports import SocketConnection
+
+        ours, theirs = socket.socketpair()
+        self.connection = SocketConnection(theirs)
+        self.agent = Agent(spec, self.connection, engines, config)
+        self.driver = SocketDriver(ours)
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = self.agent.run()
+        self.connection.close()
+
+    def finish(self, timeout: float = 180) -> int | None:
+        self.driver.close(timeout)
+        self._thread.join(timeout)
+        return self.exit_code

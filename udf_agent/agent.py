@@ -168,11 +168,17 @@ class Agent:
                 if not data:
                     decoder.close()
                     break
-                for request in decoder.feed(data):
+                try:
+                    requests, error = decoder.feed(data), None
+                except ProtocolError as exc:
+                    requests, error = exc.decoded, exc
+                for request in requests:
                     with self._lock:
                         events = self.session.receive(request, time.monotonic())
                     if not self._dispatch(events):
                         return
+                if error is not None:
+                    raise error
         except ProtocolError as exc:
             with self._lock:
                 events = self.session.fail(str(exc)) if not self.session.failed else []

@@ -20,7 +20,15 @@ M = TypeVar("M", bound=Message)
 
 
 class ProtocolError(Exception):
-    """The peer sent bytes or messages that break the protocol."""
+    """The peer sent bytes or messages that break the protocol.
+
+    ``decoded`` holds the whole messages that preceded the bad bytes in the
+    same ``feed``: they were accepted and must still be acted on.
+    """
+
+    def __init__(self, message: str, decoded: list | None = None):
+        super().__init__(message)
+        self.decoded = decoded or []
 
 
 def encode_varint(value: int) -> bytes:
@@ -65,17 +73,22 @@ class FrameDecoder(Generic[M]):
         size = len(buffer)
         messages: list[M] = []
         pos = 0
-        while pos < size:
-            length, body_start = self._read_length(buffer, pos, size)
-            if length is None:
-                break
-            body_end = body_start + length
-            if body_end > size:
-                break
-            messages.append(self._parse(bytes(buffer[body_start:body_end])))
-            pos = body_end
-        if pos:
-            del buffer[:pos]
+        try:
+            while pos < size:
+                length, body_start = self._read_length(buffer, pos, size)
+                if length is None:
+                    break
+                body_end = body_start + length
+                if body_end > size:
+                    break
+                messages.append(self._parse(bytes(buffer[body_start:body_end])))
+                pos = body_end
+        except ProtocolError as exc:
+            exc.decoded = messages
+            raise
+        finally:
+            if pos:
+                del buffer[:pos]
         return messages
 
     def close(self) -> None:

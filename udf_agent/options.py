@@ -153,6 +153,7 @@ def parse_options(declared: Sequence[Option], given: Sequence[udf_pb2.Option]) -
     by_name = {o.name: o for o in declared}
     problems: list[str] = []
     values: dict[str, Any] = {}
+    given_names = [option.name for option in given]
     for option in given:
         spec = by_name.get(option.name)
         if spec is None:
@@ -160,23 +161,26 @@ def parse_options(declared: Sequence[Option], given: Sequence[udf_pb2.Option]) -
             problems.append(f"unknown option {option.name!r} (known options: {known})")
             continue
         value = _option_value(spec, option, problems)
+        times = given_names.count(spec.name)
+        if times > 1 and not spec.multiple:
+            if option is given[given_names.index(spec.name)]:
+                problems.append(f"option {spec.name!r} is given {times} times but takes one call")
+            continue
         if value is _REQUIRED:
             continue
         if spec.multiple:
             values.setdefault(spec.name, []).append(value)
-        elif spec.name in values:
-            problems.append(f"option {spec.name!r} is given more than once")
         else:
             values[spec.name] = value
     for spec in declared:
-        if spec.name in values:
+        if spec.name in values or spec.name in given_names:
             continue
         if spec.required:
             problems.append(f"missing required option {spec.name!r} ({_signature(spec)})")
         else:
             values[spec.name] = spec.default_value()
     for spec in declared:
-        if spec.validate is None or spec.name not in values or spec.name not in {o.name for o in given}:
+        if spec.validate is None or spec.name not in values or spec.name not in given_names:
             continue
         message = _run_validator(spec, values[spec.name])
         if message:

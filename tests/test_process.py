@@ -1,0 +1,245 @@
+"""``udf-agent run`` as a real process, driven over real pipes as Kapacitor drives it."""
+
+import statistics
+import threading
+import time
+
+import pytest
+
+from kapacitor import KapacitorDriver, option
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameDecoder
+
+pytestmark = pytest.mark.integration
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
+SECOND = 1_000_000_000
+
+
+def reference_points(driver):
+    """Kapacitor's own moving-average test data: groups a and b, t = 0..11 s."""
+    for t in range(12):
+        for group, value in (("a", 1.0), ("b", 2.0)):
+            if t == 10:
+                value = 0.0 if group == "a" else 1.0
+            elif t == 11:
+                value = 0.0
+            driver.point(
+                time=t * SECOND,
+                name="cpu",
+                database="telegraf",
+                retentionPolicy="autogen",
+                group=f"group={group}",
+                dimensions=["group"],
+                tags={"group": group, "host": "h1"},
+                fieldsDouble={"value": value},
+            )
+
+
+class Keepalives:
+    """Sends a KeepaliveRequest every 100 ms, as a strict Kapacitor would."""
+
+    def __init__(self, driver, interval=0.1):
+        self.driver = driver
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.sent += 1
+            self.driver.keepalive(1_000_000 + self.sent)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def assert_keepalives_answered(driver, label, limit=1.0):
+    # Every request had its answer, each within Kapacitor-safe time.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(l == float("inf") for l in driver.keepalive_latencies()):
+        time.sleep(0.05)
+    latencies = sorted(driver.keepalive_latencies())
+    assert latencies, "no keepalives were sent"
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    print(f"\n{label}: {len(latencies)} keepalives, p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
+    assert latencies[-1] <= limit, f"slowest keepalive answer took {latencies[-1]:.3f} s"
+
+
+@pytest.fixture
+def drivers():
+    started = []
+
+    def start(*args, **kwargs):
+        driver = KapacitorDriver(*args, **kwargs)
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.kill()
+
+
+def test_info_is_answered_within_a_second_of_process_start(drivers):
+    timings = []
+    for _ in range(3):
+        driver = drivers("run", "moving_avg")
+        info = driver.info(timeout=10)
+        timings.append(time.monotonic() - driver.started)
+        assert info.wants == udf_pb2.STREAM and info.provides == udf_pb2.STREAM
+        assert {name: list(o.valueTypes) for name, o in info.options.items()} == {
+            "field": [udf_pb2.STRING],
+            "size": [udf_pb2.INT],
+            "as": [udf_pb2.STRING],
+        }
+        assert driver.close(timeout=10) == 0
+        # Info alone never starts Spark.
+        assert "starting Spark" not in driver.log()
+    print(f"\nInfo answered {', '.join(f'{t * 1000:.0f} ms' for t in timings)} after process start")
+    assert min(timings) < 1.0
+
+
+def test_moving_avg_reference_with_keepalives_during_spark_start(drivers):
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "100ms")
+    with Keepalives(driver):
+        assert driver.info().wants == udf_pb2.STREAM
+        init = driver.init(option("field", "value"), option("size", 10), option("as", "mean"))
+        assert init.success, init.error
+        reference_points(driver)
+        points = driver.responses.wait_for("point", 24, timeout=180)
+    assert driver.close() == 0, driver.log()
+    assert_keepalives_answered(driver, "during Spark start-up")
+
+    by_group = {}
+    for point in points:
+        by_group.setdefault(point.tags["group"], []).append(point)
+    for group, expected_at_10 in (("a", 0.9), ("b", 1.9)):
+        series = by_group[group]
+        assert [p.time for p in series] == [t * SECOND for t in range(12)]
+        at_10 = series[10]
+        assert at_10.fieldsDouble["mean"] == pytest.approx(expected_at_10, rel=1e-9)
+        # The point keeps everything but its fields, which are replaced.
+        assert (at_10.name, at_10.database, at_10.retentionPolicy) == ("cpu", "telegraf", "autogen")
+        assert list(at_10.dimensions) == ["group"]
+        assert dict(at_10.tags) == {"group": group, "host": "h1"}
+        assert set(at_10.fieldsDouble) == {"mean"}
+        assert not at_10.fieldsInt and not at_10.fieldsString and not at_10.fieldsBool
+
+
+def test_keepalives_are_answered_during_a_slow_micro_batch(drivers):
+    driver = drivers("run", "tests.udfs.sample:sleepy", "--master", "local[2]", "--flush-interval", "50ms", cwd=ROOT)
+    with Keepalives(driver):
+        assert driver.init(option("seconds", 5.0)).success
+        driver.point(time=1, name="m", fieldsDouble={"x": 1.0})
+        first = driver.responses.wait_for("point", 1, timeout=180)
+        started = time.monotonic()
+        driver.point(time=2, name="m", fieldsDouble={"x": 2.0})
+        driver.responses.wait_for("point", 2, timeout=60)
+        slow_batch = time.monotonic() - started
+    assert first[0].fieldsDouble["x"] == 1.0
+    assert slow_batch >= 5.0
+    assert driver.close() == 0, driver.log()
+    assert_keepalives_answered(driver, "during Spark start-up and a 5 s micro-batch")
+    # The worker's print reached stderr, and stdout held nothing but frames.
+    assert "sleepy: about to sleep" in driver.log()
+    assert "sample UDF module imported" in driver.log()
+    assert len(FrameDecoder(udf_pb2.Response).feed(bytes(driver.responses.raw))) == len(driver.responses.items)
+
+
+def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
+    driver = drivers("run", "tests.udfs.sample:noisy", "--flush-interval", "10ms", cwd=ROOT)
+    assert driver.init().success
+    for t in range(50):
+        driver.point(time=t, name="m", tags={"k": "v"}, fieldsInt={"n": t})
+    points = driver.responses.wait_for("point", 50, timeout=30)
+    assert driver.close(timeout=30) == 0
+    assert [p.fieldsInt["n"] for p in points] == list(range(50))
+    decoder = FrameDecoder(udf_pb2.Response)
+    assert len(decoder.feed(bytes(driver.responses.raw))) == len(driver.responses.items)
+    decoder.close()
+    log = driver.log()
+    for line in ("noisy print from the UDF", "noisy sys.stdout.write", "noisy os.write to fd 1", "sample UDF module imported"):
+        assert line in log
+
+
+def test_eof_mid_stream_loses_no_accepted_point(drivers):
+    # EOF arrives while Spark is still starting and with a micro-batch open.
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--max-batch-points", "700")
+    assert driver.init(option("field", "v"), option("size", 3)).success
+    for i in range(2_000):
+        driver.point(time=i, name="m", group=f"g={i % 7}", dimensions=["g"], tags={"g": str(i % 7)}, fieldsInt={"v": i})
+    started = time.monotonic()
+    assert driver.close() == 0, driver.log()
+    points = driver.responses.of("point")
+    assert len(points) == 2_000
+    print(f"\nall 2000 points out {time.monotonic() - started:.1f} s after stdin closed")
+    last = {}
+    for point in points:
+        group = point.tags["g"]
+        last.setdefault(group, []).append(point.time)
+        window = [v for v in last[group][-3:]]
+        assert point.fieldsDouble["avg"] == pytest.approx(sum(window) / len(window), rel=1e-9)
+
+
+def test_mirror_eof_flushes_everything_without_spark(drivers):
+    driver = drivers("run", "mirror", "--flush-interval", "1h")
+    assert driver.init().success
+    for i in range(10_000):
+        driver.point(time=i, name="m", fieldsDouble={"x": i * 0.5}, fieldsBool={"b": i % 2 == 0})
+    assert driver.close(timeout=60) == 0
+    points = driver.responses.of("point")
+    assert [p.time for p in points] == list(range(10_000))
+    assert all(p.fieldsBool["b"] == (p.time % 2 == 0) for p in points)
+    assert "starting Spark" not in driver.log()
+
+
+@pytest.mark.parametrize(
+    "garbage, reason",
+    [
+        (b"\x80" * 11, "malformed varint"),
+        (b"\x80\x80\x80\x80\x08", "limit"),
+        (b"\x03\xff\xff\xff", "not a valid Request"),
+    ],
+)
+def test_garbage_input_ends_with_an_error_response(drivers, garbage, reason):
+    driver = drivers("run", "mirror", "--flush-interval", "1h")
+    assert driver.init().success
+    driver.point(time=7, name="m", fieldsDouble={"x": 1.0})
+    driver.send_raw(garbage)
+    errors = driver.responses.wait_for("error", timeout=30)
+    code = driver.process.wait(30)
+    assert code != 0
+    assert reason in errors[0].error
+    # The point accepted before the garbage still came out, before the error.
+    assert driver.responses.kinds()[-2:] == ["point", "error"]
+    assert "Traceback" not in driver.log()
+
+
+def test_bad_options_fail_init_but_keep_the_process(drivers):
+    driver = drivers("run", "moving_avg")
+    init = driver.init(option("size", 2.0), option("size", 3), option("bogus", "x"))
+    assert not init.success
+    for fragment in ("'size' must be INT, got DOUBLE", "given 2 times", "unknown option 'bogus'", "missing required option 'field'"):
+        assert fragment in init.error
+    assert driver.info().wants == udf_pb2.STREAM
+    init = driver.init(option("field", "x"), option("size", 0))
+    assert not init.success and "must be > 0" in init.error
+    assert driver.close(timeout=30) == 0
+
+
+def test_a_failing_udf_reports_the_group_and_the_exception(drivers):
+    driver = drivers("run", "tests.udfs.sample:failing", "--master", "local[2]", "--flush-interval", "50ms", cwd=ROOT)
+    assert driver.init().success
+    driver.point(time=1, name="m", group="host=a", dimensions=["host"], tags={"host": "a"}, fieldsDouble={"x": 1.0})
+    error = driver.responses.wait_for("error", timeout=180)[0].error
+    assert "failing" in error and "host=a" in error and "ValueError: boom in the UDF" in error
+    assert driver.process.wait(60) == 1
+    assert "Traceback" in driver.log()

@@ -1,0 +1,590 @@
+"""The sans-IO protocol state (Session) and the OutputGuard, driven without threads.
+
+Time is passed in explicitly, so micro-batch deadlines are tested exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import pytest
+
+from udf_agent import udf_pb2
+from udf_agent.builtins import mirror, moving_avg, outliers
+from udf_agent.codec import FrameDecoder
+from udf_agent.guard import OutputGuard
+from udf_agent.session import Compute, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.table import BatchMicroBatch, StreamMicroBatch
+
+from kapacitor import option
+
+# ---- a tiny in-memory Kapacitor ----
+
+MOVING_AVG_OPTIONS = (option("field", "value"), option("size", 10), option("as", "mean"))
+OUTLIERS_OPTIONS = (option("field", "value"), option("scale", 1.5))
+
+
+def session(spec: Any = moving_avg, *, max_batch_points: int = 1000, flush_interval: float = 0.5) -> Session:
+    return Session(spec, max_batch_points=max_batch_points, flush_interval=flush_interval)
+
+
+def info() -> udf_pb2.Request:
+    return udf_pb2.Request(info=udf_pb2.InfoRequest())
+
+
+def init(*options: udf_pb2.Option) -> udf_pb2.Request:
+    return udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="task", nodeID="customFunc4"))
+
+
+def keepalive(stamp: int) -> udf_pb2.Request:
+    return udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=stamp))
+
+
+def snapshot() -> udf_pb2.Request:
+    return udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest())
+
+
+def restore(data: bytes) -> udf_pb2.Request:
+    return udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data))
+
+
+def point(t: int, group: str = "a", value: float = 1.0, *, batch: bool = False) -> udf_pb2.Request:
+    if batch:  # inside a batch Kapacitor sends only time, group, tags and fields
+        p = udf_pb2.Point(time=t, group=group, tags={"group": group}, fieldsDouble={"value": value})
+    else:
+        p = udf_pb2.Point(
+            time=t,
+            name="cpu",
+            database="db",
+            retentionPolicy="rp",
+            group=f"group={group}",
+            dimensions=["group"],
+            tags={"group": group},
+            fieldsDouble={"value": value},
+        )
+    return udf_pb2.Request(point=p)
+
+
+def begin(group: str = "g", name: str = "cpu", tags: dict | None = None) -> udf_pb2.Request:
+    return udf_pb2.Request(begin=udf_pb2.BeginBatch(name=name, group=group, tags=tags or {}, size=3))
+
+
+def end(group: str = "g", name: str = "cpu", tmax: int = 0, tags: dict | None = None) -> udf_pb2.Request:
+    return udf_pb2.Request(end=udf_pb2.EndBatch(name=name, group=group, tags=tags or {}, tmax=tmax))
+
+
+def drive(s: Session, requests: Iterable[udf_pb2.Request], now: float = 0.0) -> list[Any]:
+    """Feeds requests in order at one instant; returns the flattened events."""
+    events: list[Any] = []
+    for request in requests:
+        events.extend(s.receive(request, now))
+    return events
+
+
+def started(spec: Any = moving_avg, options: tuple = MOVING_AVG_OPTIONS, **kwargs: Any) -> Session:
+    s = session(spec, **kwargs)
+    events = drive(s, [init(*options)])
+    assert [type(e) for e in events] == [Send, Started], events
+    return s
+
+
+def decode(frame: bytes) -> udf_pb2.Response:
+    messages = FrameDecoder(udf_pb2.Response).feed(frame)
+    assert len(messages) == 1, messages
+    return messages[0]
+
+
+def reply_of(event: Any, kind: str) -> Any:
+    assert isinstance(event, Send), event
+    response = decode(event.frame)
+    assert response.WhichOneof("message") == kind, response
+    return getattr(response, kind)
+
+
+def kinds(events: list[Any]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+def only_fail(events: list[Any]) -> Fail:
+    assert kinds(events) == ["Fail"], events
+    return events[0]
+
+
+# ---- Info ----
+
+
+def test_info_before_init_describes_the_udf():
+    s = session(moving_avg)
+    events = drive(s, [info()])
+    assert len(events) == 1 and not events[0].urgent
+    answer = reply_of(events[0], "info")
+    assert answer.wants == udf_pb2.STREAM and answer.provides == udf_pb2.STREAM
+    assert set(answer.options) == {"field", "size", "as"}
+    assert list(answer.options["size"].valueTypes) == [udf_pb2.INT]
+    assert list(answer.options["field"].valueTypes) == [udf_pb2.STRING]
+    assert s.options is None and not s.failed
+
+
+def test_info_of_a_batch_udf_says_batch():
+    answer = reply_of(drive(session(outliers), [info()])[0], "info")
+    assert answer.wants == udf_pb2.BATCH and answer.provides == udf_pb2.BATCH
+    assert list(answer.options["scale"].valueTypes) == [udf_pb2.DOUBLE]
+
+
+def test_info_after_init_is_answered():
+    s = started()
+    events = drive(s, [info()])
+    assert reply_of(events[0], "info").wants == udf_pb2.STREAM
+    assert len(events) == 1
+
+
+def test_info_between_data_does_not_close_the_micro_batch():
+    s = started()
+    events = drive(s, [point(1), point(2), info(), point(3)], now=1.0)
+    assert len(events) == 1
+    reply_of(events[0], "info")
+    assert s.deadline() == pytest.approx(1.5)
+    (computed,) = s.finish()
+    assert computed.batch.count == 3
+
+
+# ---- Init ----
+
+
+def test_init_success_reply_and_started_event():
+    s = session()
+    send, start = drive(s, [init(*MOVING_AVG_OPTIONS)])
+    answer = reply_of(send, "init")
+    assert answer.success is True and answer.error == ""
+    assert isinstance(start, Started)
+    assert dict(start.options.raw()) == {"field": "value", "size": 10, "as": "mean"}
+    assert s.options is not None
+
+
+def test_init_default_option_is_filled_in():
+    s = session()
+    _, start = drive(s, [init(option("field", "value"), option("size", 3))])
+    assert start.options["as"] == "avg"
+
+
+def test_init_failure_lists_every_problem_and_the_session_stays_usable():
+    s = session()
+    bad = init(option("size", 0), option("as", 5), option("bogus", "x"))  # 'field' is missing too
+    events = drive(s, [bad])
+    assert len(events) == 1, events  # no Started, no Fail
+    answer = reply_of(events[0], "init")
+    assert answer.success is False
+    error = answer.error
+    assert "moving_avg" in error
+    assert "'size'" in error and "must be > 0" in error
+    assert "'as'" in error and "STRING" in error and "INT" in error
+    assert "'bogus'" in error and "unknown option" in error
+    assert "'field'" in error and "missing required option" in error
+    assert not s.failed and s.options is None
+
+    # A second, correct Init is accepted.
+    events = drive(s, [init(*MOVING_AVG_OPTIONS)])
+    assert kinds(events) == ["Send", "Started"]
+    assert reply_of(events[0], "init").success is True
+
+
+def test_init_with_wrong_type_for_a_double_option_is_refused():
+    # Kapacitor never coerces: .scale(2) arrives as INT and must be rejected.
+    s = session(outliers)
+    answer = reply_of(drive(s, [init(option("field", "value"), option("scale", 2))])[0], "init")
+    assert answer.success is False and "'scale'" in answer.error and "DOUBLE" in answer.error
+
+
+def test_second_init_after_success_is_a_fail():
+    s = started()
+    fail = only_fail(drive(s, [init(*MOVING_AVG_OPTIONS)]))
+    assert "second InitRequest" in fail.message
+    assert s.failed
+
+
+def test_second_init_after_success_still_computes_pending_points_first():
+    s = started()
+    events = drive(s, [point(1), init(*MOVING_AVG_OPTIONS)])
+    assert kinds(events) == ["Compute", "Fail"]
+
+
+# ---- Keepalive ----
+
+
+@pytest.mark.parametrize("initialised", [False, True])
+def test_keepalive_is_an_urgent_reply_with_the_same_time(initialised):
+    s = started() if initialised else session()
+    events = drive(s, [keepalive(1_700_000_000_123_456_789)])
+    assert len(events) == 1
+    (send,) = events
+    assert isinstance(send, Send) and send.urgent is True
+    assert reply_of(send, "keepalive").time == 1_700_000_000_123_456_789
+
+
+def test_keepalive_matches_the_golden_frame():
+    (send,) = drive(session(), [keepalive(42)])
+    assert send.frame == bytes.fromhex("04 1a 02 08 2a")
+
+
+def test_keepalive_does_not_close_the_micro_batch():
+    s = started()
+    events = drive(s, [point(1), keepalive(7), point(2)])
+    assert kinds(events) == ["Send"]
+    assert s.finish()[0].batch.count == 2
+
+
+# ---- data before Init and protocol violations ----
+
+
+@pytest.mark.parametrize(
+    "spec, request_, what",
+    [
+        (moving_avg, point(1), "a Point"),
+        (outliers, begin(), "a BeginBatch"),
+        (outliers, end(), "an EndBatch"),
+    ],
+    ids=["point", "begin", "end"],
+)
+def test_data_before_init_is_a_fail(spec, request_, what):
+    s = session(spec)
+    fail = only_fail(drive(s, [request_]))
+    assert what in fail.message and "before a successful Init" in fail.message
+    assert s.failed
+
+
+def test_data_after_a_failed_init_is_a_fail():
+    s = session()
+    drive(s, [init(option("size", 0))])
+    fail = only_fail(drive(s, [point(1)]))
+    assert "before a successful Init" in fail.message
+
+
+def test_begin_batch_to_a_stream_udf_is_a_fail():
+    s = started()
+    fail = only_fail(drive(s, [begin()]))
+    assert "wants a stream" in fail.message
+
+
+def test_point_outside_a_batch_to_a_batch_udf_is_a_fail():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    fail = only_fail(drive(s, [point(1, batch=True)]))
+    assert "outside BeginBatch/EndBatch" in fail.message
+
+
+def test_end_batch_with_no_open_begin_is_a_fail():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    fail = only_fail(drive(s, [end()]))
+    assert "no open BeginBatch" in fail.message
+
+
+def test_end_batch_after_a_closed_batch_is_a_fail():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    events = drive(s, [begin(), point(1, batch=True), end(tmax=1), end(tmax=1)])
+    assert kinds(events) == ["Compute", "Fail"]
+    assert "no open BeginBatch" in events[1].message
+
+
+def test_end_batch_to_a_stream_udf_is_a_fail():
+    s = started()
+    assert "no open BeginBatch" in only_fail(drive(s, [end()])).message
+
+
+def test_begin_batch_while_a_batch_is_open_is_a_fail():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    events = drive(s, [begin(group="g1"), point(1, batch=True), begin(group="g2")])
+    fail = only_fail(events)
+    assert "'g2'" in fail.message and "'g1'" in fail.message and "still open" in fail.message
+
+
+def test_empty_request_is_a_fail():
+    s = started()
+    fail = only_fail(drive(s, [udf_pb2.Request()]))
+    assert "empty Request" in fail.message
+    assert s.failed
+
+
+def test_empty_request_before_init_is_a_fail():
+    assert "empty Request" in only_fail(drive(session(), [udf_pb2.Request()])).message
+
+
+def test_points_accepted_before_a_fail_are_computed_before_it():
+    s = started()
+    events = drive(s, [point(1, "a"), point(2, "b"), point(3, "a"), udf_pb2.Request()])
+    assert kinds(events) == ["Compute", "Fail"]
+    batch = events[0].batch
+    assert isinstance(batch, StreamMicroBatch)
+    assert batch.count == 3
+    assert {g: rows.time for g, rows in batch.groups.items()} == {"group=a": [1, 3], "group=b": [2]}
+
+
+def test_complete_batches_before_a_fail_are_computed_and_the_open_one_is_not():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    events = drive(
+        s,
+        [begin("g1"), point(1, batch=True), end("g1", tmax=1), begin("g2"), point(2, batch=True), begin("g3")],
+    )
+    assert kinds(events) == ["Compute", "Fail"]
+    assert [b.group for b in events[0].batch.batches] == ["g1"]
+
+
+def test_after_a_fail_the_session_ignores_further_input():
+    s = started()
+    only_fail(drive(s, [udf_pb2.Request()]))
+    assert drive(s, [point(1), info(), init(*MOVING_AVG_OPTIONS), udf_pb2.Request()]) == []
+    assert s.deadline() is None and s.finish() == []
+
+
+# ---- micro-batches ----
+
+
+def test_deadline_is_none_with_nothing_pending():
+    s = started()
+    assert s.deadline() is None
+    assert s.flush_due(1e12) == []
+    assert s.finish() == []
+
+
+def test_micro_batch_closes_at_max_batch_points():
+    s = started(max_batch_points=3, flush_interval=100.0)
+    assert drive(s, [point(1), point(2)]) == []
+    events = drive(s, [point(3)])
+    assert kinds(events) == ["Compute"]
+    assert events[0].batch.count == 3
+    assert s.deadline() is None
+    # The next point opens a new micro-batch.
+    assert drive(s, [point(4), point(5)], now=7.0) == []
+    assert s.deadline() == pytest.approx(107.0)
+    assert kinds(drive(s, [point(6)])) == ["Compute"]
+
+
+def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
+    s = started(flush_interval=0.5)
+    drive(s, [point(1)], now=10.0)
+    drive(s, [point(2)], now=10.3)  # later points do not move the deadline
+    assert s.deadline() == pytest.approx(10.5)
+    assert s.flush_due(10.0) == []
+    assert s.flush_due(10.49) == []
+    events = s.flush_due(10.5)
+    assert kinds(events) == ["Compute"]
+    assert events[0].batch.count == 2
+    assert events[0].batch.opened_at == 10.0
+    assert s.deadline() is None
+    assert s.flush_due(11.0) == []
+
+
+def test_micro_batch_keeps_groups_apart_in_arrival_order():
+    s = started()
+    drive(s, [point(1, "a", 1.0), point(2, "b", 2.0), point(3, "a", 3.0)])
+    (computed,) = s.finish()
+    groups = computed.batch.groups
+    assert list(groups) == ["group=a", "group=b"]
+    assert groups["group=a"].time == [1, 3]
+    assert groups["group=a"].sparse["fd:value"] == ([0, 1], [1.0, 3.0])
+    assert groups["group=b"].count == 1
+
+
+def test_snapshot_request_closes_the_pending_micro_batch_first():
+    s = started()
+    drive(s, [point(1), point(2)])
+    events = drive(s, [snapshot()])
+    assert kinds(events) == ["Compute", "TakeSnapshot"]
+    assert events[0].batch.count == 2
+    assert s.deadline() is None
+
+
+def test_snapshot_request_with_nothing_pending_is_only_take_snapshot():
+    assert kinds(drive(started(), [snapshot()])) == ["TakeSnapshot"]
+
+
+def test_restore_request_closes_the_pending_micro_batch_first():
+    s = started()
+    drive(s, [point(1)])
+    events = drive(s, [restore(b"opaque")])
+    assert kinds(events) == ["Compute", "Restore"]
+    assert isinstance(events[1], Restore) and events[1].snapshot == b"opaque"
+
+
+def test_finish_closes_pending_stream_points():
+    s = started()
+    drive(s, [point(1), point(2)])
+    (computed,) = s.finish()
+    assert isinstance(computed, Compute) and computed.batch.count == 2
+    assert s.finish() == []
+
+
+def test_finish_drops_an_unclosed_kapacitor_batch():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    drive(s, [begin("g1"), point(1, batch=True), end("g1", tmax=1), begin("g2"), point(2, batch=True)])
+    (computed,) = s.finish()
+    assert [b.group for b in computed.batch.batches] == ["g1"]
+    assert computed.batch.count == 1
+    assert s.finish() == []
+
+
+def test_finish_with_only_an_unclosed_batch_computes_nothing():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    drive(s, [begin("g1"), point(1, batch=True)])
+    assert s.finish() == []
+
+
+# ---- batch UDFs ----
+
+
+def test_batch_udf_groups_complete_batches_into_one_micro_batch():
+    s = started(outliers, OUTLIERS_OPTIONS, flush_interval=1.0)
+    events = drive(
+        s,
+        [
+            begin("host=x", name="begin-name", tags={"host": "x", "old": "1"}),
+            point(1, "x", 5.0, batch=True),
+            point(2, "x", 6.0, batch=True),
+            end("host=x", name="cpu", tmax=2, tags={"host": "x"}),
+            begin("host=y", name="mem", tags={"host": "y"}),
+            point(3, "y", 7.0, batch=True),
+            end("host=y", name="", tmax=3),  # no name/tags at the end: BeginBatch's stay
+        ],
+        now=5.0,
+    )
+    assert events == []
+    assert s.deadline() == pytest.approx(6.0)
+    (computed,) = s.flush_due(6.0)
+    batch = computed.batch
+    assert isinstance(batch, BatchMicroBatch)
+    assert batch.count == 3
+    first, second = batch.batches
+    assert (first.group, first.name, first.tags, first.tmax) == ("host=x", "cpu", {"host": "x"}, 2)
+    assert first.rows.time == [1, 2]
+    assert first.rows.sparse["fd:value"][1] == [5.0, 6.0]
+    assert (second.group, second.name, second.tags, second.tmax) == ("host=y", "mem", {"host": "y"}, 3)
+
+
+def test_batch_micro_batch_closes_at_max_batch_points_counting_rows():
+    s = started(outliers, OUTLIERS_OPTIONS, max_batch_points=3, flush_interval=100.0)
+    events = drive(s, [begin("g1"), point(1, batch=True), point(2, batch=True), end("g1", tmax=2)])
+    assert events == []
+    events = drive(s, [begin("g2"), point(3, batch=True), end("g2", tmax=3)])
+    assert kinds(events) == ["Compute"]
+    assert [b.group for b in events[0].batch.batches] == ["g1", "g2"]
+
+
+def test_batch_micro_batch_deadline_starts_at_the_first_end_batch():
+    s = started(outliers, OUTLIERS_OPTIONS, flush_interval=1.0)
+    drive(s, [begin("g1"), point(1, batch=True)], now=0.0)
+    assert s.deadline() is None  # an open Kapacitor batch is not pending work yet
+    drive(s, [end("g1", tmax=1)], now=4.0)
+    assert s.deadline() == pytest.approx(5.0)
+
+
+def test_snapshot_inside_an_open_batch_keeps_the_batch_open():
+    s = started(outliers, OUTLIERS_OPTIONS)
+    events = drive(s, [begin("g1"), point(1, batch=True), snapshot(), point(2, batch=True), end("g1", tmax=2)])
+    assert kinds(events) == ["TakeSnapshot"]
+    (computed,) = s.finish()
+    assert computed.batch.batches[0].rows.time == [1, 2]
+
+
+# ---- the guard on the session's replies ----
+
+
+def test_session_guard_awaits_one_snapshot_reply_per_request():
+    s = started()
+    drive(s, [snapshot()])
+    response = udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=b"x"))
+    assert s.guard.reply(response) is not None
+    assert s.guard.reply(response) is None
+
+
+def test_session_guard_awaits_one_restore_reply_per_request():
+    s = started()
+    drive(s, [restore(b"x")])
+    response = udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True))
+    assert s.guard.reply(response) is not None
+    assert s.guard.reply(response) is None
+
+
+def test_session_guard_has_no_init_or_info_reply_outstanding_after_answering():
+    s = started()
+    drive(s, [info()])
+    assert s.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True))) is None
+    assert s.guard.reply(udf_pb2.Response(info=s.info())) is None
+
+
+# ---- OutputGuard ----
+
+REPLIES = {
+    "info": udf_pb2.Response(info=udf_pb2.InfoResponse(wants=udf_pb2.STREAM)),
+    "init": udf_pb2.Response(init=udf_pb2.InitResponse(success=True)),
+    "snapshot": udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=b"state")),
+    "restore": udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REPLIES))
+def test_guard_refuses_an_unrequested_reply(kind):
+    assert OutputGuard().reply(REPLIES[kind]) is None
+
+
+@pytest.mark.parametrize("kind", sorted(REPLIES))
+def test_guard_refuses_a_reply_of_another_type_than_requested(kind):
+    guard = OutputGuard()
+    for other in REPLIES:
+        if other != kind:
+            guard.expect(other)
+    assert guard.reply(REPLIES[kind]) is None
+
+
+@pytest.mark.parametrize("kind", sorted(REPLIES))
+def test_guard_admits_exactly_one_reply_per_request(kind):
+    guard = OutputGuard()
+    guard.expect(kind)
+    guard.expect(kind)
+    first = guard.reply(REPLIES[kind])
+    assert first is not None and decode(first) == REPLIES[kind]
+    assert guard.reply(REPLIES[kind]) is not None
+    assert guard.reply(REPLIES[kind]) is None
+    guard.expect(kind)
+    assert guard.reply(REPLIES[kind]) is not None
+
+
+def test_guard_refuses_an_empty_response():
+    guard = OutputGuard()
+    for kind in REPLIES:
+        guard.expect(kind)
+    assert guard.reply(udf_pb2.Response()) is None
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        udf_pb2.Response(point=udf_pb2.Point(time=1)),
+        udf_pb2.Response(begin=udf_pb2.BeginBatch(name="x")),
+        udf_pb2.Response(end=udf_pb2.EndBatch(name="x")),
+    ],
+    ids=["point", "begin", "end"],
+)
+def test_guard_raises_for_data_responses(response):
+    guard = OutputGuard()
+    for kind in ("point", "begin", "end", *REPLIES):
+        guard.expect(kind)
+    with pytest.raises(ValueError):
+        guard.reply(response)
+
+
+def test_guard_ignores_expect_for_non_management_kinds():
+    guard = OutputGuard()
+    guard.expect("keepalive")
+    guard.expect("point")
+    assert guard.reply(REPLIES["info"]) is None
+
+
+def test_guard_passes_keepalive_and_error_responses_unasked():
+    guard = OutputGuard()
+    keep = udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=42))
+    assert guard.reply(keep) == bytes.fromhex("04 1a 02 08 2a")
+    err = udf_pb2.Response(error=udf_pb2.ErrorResponse(error="boom"))
+    assert guard.reply(err) == bytes.fromhex("08 32 06 0a 04 62 6f 6f 6d")
+
+
+def test_init_reply_matches_the_golden_frame():
+    (send, _) = drive(session(mirror), [init()])
+    assert send.frame == bytes.fromhex("04 12 02 08 01")

@@ -1,0 +1,85 @@
+"""UDFs used by the tests, loaded as TARGETs the way users load theirs."""
+
+import os
+import sys
+import time
+
+import pandas as pd
+
+from udf_agent import UDF, Duration, Option, batch_udf, stream_udf
+
+print("sample UDF module imported (this line must land on stderr)")
+
+
+@stream_udf(options=[Option("seconds", float, default=5.0)])
+def sleepy(df, ctx):
+    """Sleeps, then echoes: a deliberately slow micro-batch."""
+    print("sleepy: about to sleep", flush=True)
+    time.sleep(ctx.options["seconds"])
+    return df
+
+
+@stream_udf(compute=False)
+def noisy(df, ctx):
+    """Prints through every route to stdout it can, then echoes."""
+    print("noisy print from the UDF")
+    sys.stdout.write("noisy sys.stdout.write\n")
+    sys.stdout.flush()
+    os.write(1, b"noisy os.write to fd 1\n")
+    return df
+
+
+@stream_udf()
+def passthrough(df, ctx):
+    """Echoes on Spark: exercises the full columnar round trip."""
+    return df
+
+
+@stream_udf()
+def counter(df, ctx):
+    """Counts points per group across micro-batches in ctx.state."""
+    seen = ctx.state.get("seen", 0)
+    out = pd.DataFrame(index=df.index)
+    out["count"] = range(seen + 1, seen + len(df) + 1)
+    ctx.state["seen"] = seen + len(df)
+    return out
+
+
+@stream_udf(options=[Option("window", Duration)], history=lambda o: o["window"])
+def time_sum(df, ctx):
+    """Sum of `value` over a trailing time window."""
+    window = ctx.options["window"]
+    sums = df.set_index("time")["value"].rolling(window).sum()
+    out = pd.DataFrame(index=df.index)
+    out["sum"] = sums.to_numpy()
+    return out
+
+
+@stream_udf()
+def failing(df, ctx):
+    raise ValueError("boom in the UDF")
+
+
+@stream_udf()
+def wrong_result(df, ctx):
+    return [1, 2, 3]
+
+
+@batch_udf(provides="stream")
+def batch_count(df, ctx):
+    """One point per batch: how many points it had."""
+    return pd.DataFrame({"time": [ctx.tmax], "count": [len(df)]})
+
+
+class Scale(UDF):
+    """Multiplies `field` by `factor`."""
+
+    options = [Option("field", str), Option("factor", float, default=2.0)]
+
+    def process(self, df, ctx):
+        out = pd.DataFrame(index=df.index)
+        out[ctx.options["field"]] = df[ctx.options["field"]] * ctx.options["factor"]
+        return out
+
+
+not_a_udf = 42
