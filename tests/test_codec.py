@@ -540,3 +540,12 @@ def test_decoder_of_responses():
     got = feed_bytewise(udf_pb2.Response, stream)
     assert got == msgs
     assert all(isinstance(m, udf_pb2.Response) for m in got)
+
+
+def test_messages_before_bad_bytes_in_the_same_chunk_are_kept():
+    good = [udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=t)) for t in (1, 2)]
+    data = b"".join(encode_frame(m) for m in good) + b"\x80" * 11
+    decoder = FrameDecoder(udf_pb2.Request)
+    with pytest.raises(ProtocolError) as caught:
+        decoder.feed(data)
+    assert caught.value.decoded == good

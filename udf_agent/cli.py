@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -65,7 +66,9 @@ def _load(target: str) -> Any:
     from udf_agent.targets import TargetError, resolve_target
 
     try:
-        return resolve_target(target)
+        # A UDF module that prints on import must not pollute our output.
+        with contextlib.redirect_stdout(sys.stderr):
+            return resolve_target(target)
     except TargetError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
@@ -182,11 +185,8 @@ def list_builtins() -> None:
 def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
     from udf_agent.targets import builtin_specs
 
-    if os.path.basename(sys.argv[0]) == "__main__.py":
-        prog, args = sys.executable, ["-m", "udf_agent", "run", target]
-    else:
-        prog = shutil.which(sys.argv[0]) or sys.argv[0]
-        prog, args = os.path.abspath(prog), ["run", target]
+    prog, args = _agent_command()
+    args = [*args, "run", target]
     lines = [
         f"[udf.functions.{name}]",
         f'  prog = "{prog}"',
@@ -199,6 +199,17 @@ def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
     source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
+
+
+def _agent_command() -> tuple[str, list[str]]:
+    """How Kapacitor should start this agent: the console script, else ``python -m``."""
+    if os.path.basename(sys.argv[0]) == "udf-agent":
+        return os.path.abspath(shutil.which(sys.argv[0]) or sys.argv[0]), []
+    beside = os.path.join(os.path.dirname(sys.executable), "udf-agent")
+    script = beside if os.access(beside, os.X_OK) else shutil.which("udf-agent")
+    if script:
+        return os.path.abspath(script), []
+    return sys.executable, ["-m", "udf_agent"]
 
 
 def _tick_example(option: Option) -> str:

@@ -23,7 +23,7 @@ from udf_agent import table as cols
 from udf_agent import udf_pb2
 from udf_agent.api import Context, UDFSpec
 from udf_agent.guard import encode_batch, encode_points
-from udf_agent.options import OptionValues, duration_option_names
+from udf_agent.options import OptionValues, duration_positions
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Job:
     options: dict[str, Any]
 
     def option_values(self) -> OptionValues:
-        return OptionValues(self.options, duration_option_names(self.spec.options))
+        return OptionValues(self.options, duration_positions(self.spec.options))
 
 
 def table_to_ipc(table: pa.Table) -> bytes:
@@ -213,13 +213,12 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
         TIME_COLUMN: pd.to_datetime(data.column(cols.TIME).to_numpy(), unit="ns", utc=True)
     }
     layout = Layout(tag_columns={})
-    for name in names:
-        if name.startswith(cols.TAG):
-            key = name[len(cols.TAG) :]
-            user_name = TAG_COLUMN_PREFIX + key if key in field_kinds or key == TIME_COLUMN else key
-            columns[user_name] = _to_pandas(data.column(name))
-            layout.tag_columns[user_name] = key
-    for key, sources in field_kinds.items():
+    for name in sorted(n for n in names if n.startswith(cols.TAG)):
+        key = name[len(cols.TAG) :]
+        user_name = TAG_COLUMN_PREFIX + key if key in field_kinds or key == TIME_COLUMN else key
+        columns[user_name] = _to_pandas(data.column(name))
+        layout.tag_columns[user_name] = key
+    for key, sources in sorted(field_kinds.items()):
         if len(sources) == 1:
             columns[key] = _to_pandas(data.column(sources[0]))
         else:

@@ -89,11 +89,13 @@ class OptionValues(Mapping[str, Any]):
 
     Durations are kept as int64 nanoseconds on the wire side and become
     ``pandas.Timedelta`` only when read, so validation never imports pandas.
+    ``durations`` maps an option name to the value positions that are
+    DURATIONs (position 0 for a single-value option).
     """
 
-    def __init__(self, values: Mapping[str, Any], durations: Sequence[str] = ()):
+    def __init__(self, values: Mapping[str, Any], durations: Mapping[str, Sequence[int]] | None = None):
         self._values = dict(values)
-        self._durations = frozenset(durations)
+        self._durations = {name: tuple(positions) for name, positions in (durations or {}).items()}
 
     def raw(self) -> dict[str, Any]:
         """Values with durations as nanoseconds, as they travel to workers and snapshots."""
@@ -101,9 +103,8 @@ class OptionValues(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         value = self._values[name]
-        if name in self._durations:
-            return _to_timedelta(value)
-        return value
+        positions = self._durations.get(name)
+        return _with_timedeltas(value, positions) if positions else value
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -121,23 +122,28 @@ class OptionValues(Mapping[str, Any]):
         return f"OptionValues({self._values!r})"
 
     def __reduce__(self):
-        return (OptionValues, (self._values, tuple(self._durations)))
+        return (OptionValues, (self._values, self._durations))
 
 
-def _to_timedelta(value: Any) -> Any:
+def _with_timedeltas(value: Any, positions: Sequence[int]) -> Any:
+    """Turns the DURATION positions of one option's value into Timedeltas."""
     import pandas as pd
 
-    if isinstance(value, int):
-        return pd.Timedelta(value, unit="ns")
+    if isinstance(value, list):  # a `multiple` option: one value per call
+        return [_with_timedeltas(v, positions) for v in value]
     if isinstance(value, tuple):
-        return tuple(_to_timedelta(v) for v in value)
-    if isinstance(value, list):
-        return [_to_timedelta(v) for v in value]
-    return value
+        return tuple(pd.Timedelta(v, unit="ns") if i in positions else v for i, v in enumerate(value))
+    return pd.Timedelta(value, unit="ns")
 
 
-def duration_option_names(declared: Sequence[Option]) -> tuple[str, ...]:
-    return tuple(o.name for o in declared if udf_pb2.DURATION in o.value_types)
+def duration_positions(declared: Sequence[Option]) -> dict[str, tuple[int, ...]]:
+    """For each option with DURATION values, the positions of those values."""
+    positions = {}
+    for option in declared:
+        found = tuple(i for i, t in enumerate(option.value_types) if t == udf_pb2.DURATION)
+        if found:
+            positions[option.name] = found
+    return positions
 
 
 class OptionsError(ValueError):
@@ -187,7 +193,7 @@ def parse_options(declared: Sequence[Option], given: Sequence[udf_pb2.Option]) -
             problems.append(message)
     if problems:
         raise OptionsError(problems)
-    return OptionValues(values, duration_option_names(declared))
+    return OptionValues(values, duration_positions(declared))
 
 
 def _option_value(spec: Option, option: udf_pb2.Option, problems: list[str]) -> Any:
@@ -211,8 +217,9 @@ def _option_value(spec: Option, option: udf_pb2.Option, problems: list[str]) -> 
 
 
 def _run_validator(spec: Option, value: Any) -> str | None:
+    positions = duration_positions([spec]).get(spec.name)
     try:
-        verdict = spec.validate(_to_timedelta(value) if udf_pb2.DURATION in spec.value_types else value)
+        verdict = spec.validate(_with_timedeltas(value, positions) if positions else value)
     except Exception as exc:  # a validator that raises is reporting a problem
         return f"option {spec.name!r}: {exc}"
     if verdict is None or verdict is True:

@@ -1,0 +1,105 @@
+"""The udf-agent command line, through click's CliRunner."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from udf_agent import __version__
+from udf_agent.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(__file__))
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+def test_version(runner):
+    result = runner.invoke(main, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_list_shows_every_builtin(runner):
+    result = runner.invoke(main, ["list"])
+    assert result.exit_code == 0
+    lines = result.output.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["mirror", "moving_avg", "outliers"]
+    assert "stream->stream" in lines[0] and "batch->batch" in lines[2]
+
+
+def test_info_lists_options_with_types_and_defaults(runner):
+    result = runner.invoke(main, ["info", "moving_avg"])
+    assert result.exit_code == 0
+    assert "wants: stream   provides: stream" in result.output
+    assert ".field(STRING)  required" in result.output
+    assert ".size(INT)  required" in result.output
+    assert ".as(STRING)  default 'avg'" in result.output
+    outliers = runner.invoke(main, ["info", "outliers"]).output
+    assert ".scale(DOUBLE)  default 1.5" in outliers and "wants: batch   provides: batch" in outliers
+
+
+def test_kapacitor_conf_for_a_builtin(runner):
+    result = runner.invoke(main, ["info", "moving_avg", "--kapacitor-conf", "movingAvg"])
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0] == "[udf.functions.movingAvg]"
+    prog = lines[1].split('"')[1]
+    assert os.path.isabs(prog)
+    assert lines[2] == '  args = ["run", "moving_avg"]'
+    assert lines[3] == '  timeout = "10s"'
+    assert "@movingAvg().field('usage_user').size(10).as('avg')" in result.output
+    assert "PYTHONPATH" not in result.output
+
+
+def test_kapacitor_conf_names_the_installed_console_script():
+    script = os.path.join(os.path.dirname(sys.executable), "udf-agent")
+    if not os.path.exists(script):
+        pytest.skip("the console script is not installed next to this interpreter")
+    output = subprocess.run([script, "info", "moving_avg", "--kapacitor-conf", "movingAvg"], capture_output=True, text=True, check=True).stdout
+    assert f'  prog = "{script}"' in output
+
+
+def test_kapacitor_conf_for_a_user_udf_sets_its_import_path(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = runner.invoke(main, ["info", "tests.udfs.sample:Scale", "--kapacitor-conf", "scale"])
+    assert result.exit_code == 0, result.output
+    assert '  args = ["run", "tests.udfs.sample:Scale"]' in result.output
+    assert f'    PYTHONPATH = "{ROOT}"' in result.output
+    assert "@scale().field('value').factor(2.0)" in result.output
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("nope", "neither a built-in"),
+        ("no_such_module_xyz:udf", "cannot import module 'no_such_module_xyz'"),
+        ("tests.udfs.sample:missing", "has no attribute 'missing'"),
+        ("tests.udfs.sample:not_a_udf", "is not a UDF"),
+        ("tests.udfs.sample:", "package.module:attribute"),
+    ],
+)
+@pytest.mark.parametrize("command", ["info", "run"])
+def test_a_bad_target_is_a_usage_error(runner, monkeypatch, command, target, message):
+    monkeypatch.chdir(ROOT)
+    result = subprocess.run([sys.executable, "-m", "udf_agent", command, target], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert message in result.stderr
+    if command == "run":
+        assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_durations_and_conf_are_usage_errors(runner):
+    for args, message in (
+        (["run", "mirror", "--flush-interval", "soon"], "is not a duration"),
+        (["run", "mirror", "--conf", "novalue"], "key=value"),
+        (["run", "mirror", "--max-batch-points", "0"], "max-batch-points"),
+        (["serve", "--socket", "/tmp/x.sock", "--socket-mode", "rw", "mirror"], "octal"),
+    ):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output

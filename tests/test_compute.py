@@ -1,0 +1,251 @@
+"""Micro-batches computed on a real SparkSession, checked against plain pandas."""
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kapacitor import InProcessAgent, option
+from udf_agent import udf_pb2
+from udf_agent.agent import AgentConfig
+from udf_agent.builtins import moving_avg, outliers
+from udf_agent.codec import FrameDecoder
+from udf_agent.compute import TASK_COLUMNS, Job, table_to_ipc
+from udf_agent.engine import LocalEngine
+from udf_agent.table import KapacitorBatch, StreamMicroBatch
+from udfs import sample
+
+pytestmark = pytest.mark.spark
+
+TUKEY_VALUES = [5, 6, 7, 13, 33, 35, 36, 45, 46, 47, 48, 50, 51, 52, 53, 54, 80, 85, 90, 100]
+
+
+def decode(output: bytes):
+    return FrameDecoder(udf_pb2.Response).feed(output)
+
+
+def stream_tasks(points, window=None):
+    batch = StreamMicroBatch(opened_at=0)
+    for point in points:
+        batch.append(point)
+    meta = json.dumps({"history": window})
+    rows = [(seq, group, meta, table_to_ipc(rows.to_arrow()), None, None) for seq, (group, rows) in enumerate(batch.groups.items())]
+    return pd.DataFrame(rows, columns=list(TASK_COLUMNS))
+
+
+def rich_points(count=60):
+    """Points with every kind of value, sparse fields, several groups and names."""
+    rng = random.Random(7)
+    points = []
+    for i in range(count):
+        host = f"h{i % 4}"
+        point = udf_pb2.Point(
+            time=1_700_000_000_000_000_000 + i * 1_000_000,
+            name="cpu" if i % 3 else "mem",
+            database="telegraf",
+            retentionPolicy="autogen",
+            group=f"host={host}",
+            dimensions=["host"],
+            tags={"host": host, "region": rng.choice(["eu", "us"])},
+            fieldsDouble={"d": rng.random() * 1e6 - 5e5},
+            fieldsInt={"i": rng.randint(-(2**62), 2**62)},
+            fieldsString={"s": rng.choice(["a", "", "ünïcode", "x,y=z"])},
+            fieldsBool={"b": rng.random() < 0.5},
+        )
+        if i % 5 == 0:
+            del point.fieldsDouble["d"]
+        if i % 7 == 0:
+            point.fieldsInt["only_some"] = i
+        points.append(point)
+    return points
+
+
+def test_spark_and_pandas_give_identical_results(spark_engine):
+    points = rich_points()
+    for spec, options, window in (
+        (sample.passthrough, {}, None),
+        (moving_avg, {"field": "d", "size": 4, "as": "avg"}, {"rows": 3}),
+    ):
+        job = Job(spec, options)
+        tasks = stream_tasks(points, window)
+        on_spark = spark_engine.run(job, tasks)
+        in_pandas = LocalEngine().run(job, tasks)
+        assert on_spark["error"].isna().all(), on_spark["error"].dropna().tolist()
+        # Map order in serialised protobuf differs between processes: compare messages.
+        assert [decode(o) for o in on_spark["output"]] == [decode(o) for o in in_pandas["output"]]
+        assert list(on_spark["history"]) == list(in_pandas["history"])
+        assert sum(len(decode(o)) for o in on_spark["output"]) == len(points)
+
+
+def test_passthrough_on_spark_keeps_every_value_and_type(spark_engine):
+    points = rich_points()
+    results = spark_engine.run(Job(sample.passthrough, {}), stream_tasks(points))
+    echoed = [r.point for output in results["output"] for r in decode(output)]
+    by_time = {p.time: p for p in echoed}
+    assert len(by_time) == len(points)
+    for point in points:
+        assert by_time[point.time] == point
+
+
+def run_agent(spec, engines, options=(), config=None, feed=None):
+    harness = InProcessAgent(spec, engines, config or AgentConfig(flush_interval=0.02))
+    driver = harness.driver
+    init = driver.init(*options)
+    assert init.success, init.error
+    feed(driver)
+    return harness, driver
+
+
+def test_moving_avg_is_exact_whatever_the_micro_batch_boundaries(engines):
+    rng = random.Random(11)
+    size = 5
+    groups = [f"g{i}" for i in range(6)]
+    series = {g: [] for g in groups}
+    sent = []
+    for t in range(400):
+        group = rng.choice(groups)
+        value = rng.uniform(-1e3, 1e3)
+        series[group].append(value)
+        sent.append((t, group, value))
+
+    def feed(driver):
+        for t, group, value in sent:
+            driver.point(time=t, name="m", group=f"k={group}", dimensions=["k"], tags={"k": group}, fieldsDouble={"v": value})
+
+    # Tiny micro-batches: most windows span several of them.
+    harness, driver = run_agent(
+        moving_avg, engines, (option("field", "v"), option("size", size)), AgentConfig(flush_interval=0.01, max_batch_points=13), feed
+    )
+    points = driver.responses.wait_for("point", len(sent), timeout=300)
+    assert harness.finish() == 0
+    expected = {}
+    for group, values in series.items():
+        expected[group] = [float(np.mean(values[max(0, i - size + 1) : i + 1])) for i in range(len(values))]
+    got = {g: [] for g in groups}
+    for point in points:
+        got[point.tags["k"]].append(point.fieldsDouble["avg"])
+    for group in groups:
+        assert got[group] == pytest.approx(expected[group], rel=1e-9)
+
+
+def test_a_duration_history_keeps_time_windows_exact(engines):
+    second = 1_000_000_000
+
+    def feed(driver):
+        for t in range(30):
+            driver.point(time=t * second, name="m", fieldsInt={"value": t})
+
+    config = AgentConfig(flush_interval=0.01, max_batch_points=4)
+    harness, driver = run_agent(sample.time_sum, engines, (option("window", __import__("kapacitor").Duration(3 * second)),), config, feed)
+    points = driver.responses.wait_for("point", 30, timeout=300)
+    assert harness.finish() == 0
+    # A 3 s window ending at t holds t-2, t-1 and t.
+    assert [p.fieldsDouble["sum"] for p in points] == [float(sum(range(max(0, t - 2), t + 1))) for t in range(30)]
+
+
+def test_udf_state_persists_between_micro_batches(engines):
+    def feed(driver):
+        for t in range(40):
+            driver.point(time=t, name="m", group=f"g={t % 2}", dimensions=["g"], tags={"g": str(t % 2)}, fieldsDouble={"x": 1.0})
+
+    harness, driver = run_agent(sample.counter, engines, (), AgentConfig(flush_interval=0.01, max_batch_points=3), feed)
+    points = driver.responses.wait_for("point", 40, timeout=300)
+    assert harness.finish() == 0
+    for group in ("0", "1"):
+        assert [p.fieldsInt["count"] for p in points if p.tags["g"] == group] == list(range(1, 21))
+
+
+def test_class_based_udf(engines):
+    def feed(driver):
+        driver.point(time=1, name="m", fieldsDouble={"x": 1.5}, fieldsString={"note": "kept out"})
+
+    harness, driver = run_agent(sample.Scale.spec(), engines, (option("field", "x"), option("factor", 3.0)), None, feed)
+    (point,) = driver.responses.wait_for("point", 1, timeout=120)
+    assert harness.finish() == 0
+    assert dict(point.fieldsDouble) == {"x": 4.5} and not point.fieldsString
+
+
+def tukey_batch(driver, group="", name="cpu", tags=None, values=TUKEY_VALUES, tmax=99):
+    driver.begin(name=name, group=group, tags=tags or {}, size=len(values))
+    for i, value in enumerate(values):
+        driver.point(time=i, group=group, tags=tags or {}, fieldsDouble={"value": float(value)}, fieldsInt={"i": i})
+    driver.end(name=name, group=group, tags=tags or {}, tmax=tmax)
+
+
+def test_outliers_reference_batch(engines):
+    shuffled = TUKEY_VALUES[:]
+    random.Random(3).shuffle(shuffled)
+
+    def feed(driver):
+        tukey_batch(driver, group="host=a", tags={"host": "a"}, values=shuffled, tmax=12345)
+        tukey_batch(driver, group="host=b", tags={"host": "b"}, values=[], tmax=777)
+
+    harness, driver = run_agent(outliers, engines, (option("field", "value"),), None, feed)
+    ends = driver.responses.wait_for("end", 2, timeout=120)
+    assert harness.finish() == 0
+    kinds = driver.responses.kinds()
+    assert kinds[kinds.index("begin") :] == ["begin"] + ["point"] * 5 + ["end", "begin", "end"]
+    points = driver.responses.of("point")
+    values = sorted(p.fieldsDouble["value"] for p in points)
+    expected = pd.Series(TUKEY_VALUES, dtype=float)
+    q1, q3 = expected.quantile(0.25), expected.quantile(0.75)
+    assert values == sorted(v for v in TUKEY_VALUES if v < q1 - 1.5 * (q3 - q1) or v > q3 + 1.5 * (q3 - q1))
+    assert len(values) == 5
+    # Outliers are unchanged points: their other fields come along.
+    assert all(shuffled[p.fieldsInt["i"]] == p.fieldsDouble["value"] for p in points)
+    begins = driver.responses.of("begin")
+    assert begins[0].size == 5 and begins[1].size == 0
+    assert [(e.name, e.group, dict(e.tags), e.tmax) for e in ends] == [
+        ("cpu", "host=a", {"host": "a"}, 12345),
+        ("cpu", "host=b", {"host": "b"}, 777),
+    ]
+
+
+def test_outliers_scale_is_applied():
+    batch = KapacitorBatch(udf_pb2.BeginBatch(name="m"))
+    for i, value in enumerate(TUKEY_VALUES):
+        batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}))
+    meta = json.dumps({"name": "m", "tags": {}, "tmax": 1, "by_name": False})
+    tasks = pd.DataFrame([(0, "", meta, table_to_ipc(batch.rows.to_arrow()), None, None)], columns=list(TASK_COLUMNS))
+    counts = []
+    for scale in (1.0, 1.5, 3.0):
+        (result,) = LocalEngine().run(Job(outliers, {"field": "value", "scale": scale}), tasks).itertuples()
+        counts.append(sum(1 for r in decode(result.output) if r.WhichOneof("message") == "point"))
+    assert counts[0] >= counts[1] == 5 >= counts[2]
+    assert counts[0] > counts[2]
+
+
+def test_batch_in_stream_out(engines):
+    def feed(driver):
+        tukey_batch(driver, group="host=a", tags={"host": "a"}, tmax=5_000)
+
+    harness, driver = run_agent(sample.batch_count, engines, (), None, feed)
+    (point,) = driver.responses.wait_for("point", 1, timeout=120)
+    assert harness.finish() == 0
+    assert point.fieldsInt["count"] == 20 and point.time == 5_000
+    assert dict(point.tags) == {"host": "a"} and list(point.dimensions) == ["host"]
+
+
+def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
+    def feed(driver):
+        driver.point(time=1, name="m", group="host=x", dimensions=["host"], tags={"host": "x"}, fieldsDouble={"v": 1.0})
+
+    for spec, expected in ((sample.failing, "ValueError: boom in the UDF"), (sample.wrong_result, "must return a pandas DataFrame or None, got list")):
+        harness, driver = run_agent(spec, engines, (), None, feed)
+        (error,) = driver.responses.wait_for("error", 1, timeout=120)
+        assert expected in error.error and "host=x" in error.error
+        assert harness.finish() == 1
+
+
+def test_tag_named_like_a_field_is_shown_with_a_prefix():
+    from udf_agent.compute import ipc_to_table, user_frame
+
+    rows = StreamMicroBatch(0)
+    rows.append(udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0}))
+    frame, layout = user_frame(ipc_to_table(table_to_ipc(rows.groups[""].to_arrow())))
+    # Tags, then fields, each sorted by name: the same layout whatever order points list them in.
+    assert list(frame.columns) == ["time", "host", "tag:x", "x"]
+    assert frame["time"][0] == pd.Timestamp(5, unit="ns", tz="UTC")
+    assert layout.tag_columns == {"tag:x": "x", "host": "host"}

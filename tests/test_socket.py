@@ -1,0 +1,638 @@
+"""``udf-agent serve`` as a real process, reached over a real unix socket as Kapacitor reaches it.
+
+Kapacitor dials the socket once per UDF node per task, plus one short Info-only
+connection at start-up, and never reconnects; on stop it half-closes and reads
+until the agent closes its side. These tests drive a real server subprocess the
+same way and check what comes back frame by frame (parsed, never raw bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from kapacitor import SocketDriver, option
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameDecoder, encode_frame
+
+pytestmark = pytest.mark.integration
+
+SECOND = 1_000_000_000
+T0 = 1_700_000_000 * SECOND
+MAX_SOCKET_PATH = 107
+SERVE = [sys.executable, "-m", "udf_agent", "serve"]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class Server:
+    """One ``udf-agent serve`` subprocess; its stdout and stderr go to files."""
+
+    def __init__(self, path: str, target: str, *extra: str, log_dir: str):
+        self.path = path
+        index = len(os.listdir(log_dir))
+        self._out_path = os.path.join(log_dir, f"server{index}.out")
+        self._err_path = os.path.join(log_dir, f"server{index}.err")
+        self._out = open(self._out_path, "wb")
+        self._err = open(self._err_path, "wb")
+        self.process = subprocess.Popen(
+            [*SERVE, "--socket", path, *extra, target],
+            stdin=subprocess.DEVNULL,
+            stdout=self._out,
+            stderr=self._err,
+            start_new_session=True,  # its own process group: teardown also reaches a Spark JVM
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        self._err.flush()
+        with open(self._err_path, "rb") as f:
+            err = f.read().decode(errors="replace")
+        with open(self._out_path, "rb") as f:
+            out = f.read().decode(errors="replace")
+        return f"--- stderr ---\n{err}\n--- stdout ---\n{out}"
+
+    def wait_ready(self, timeout: float = 30) -> "Server":
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise AssertionError(f"server exited with {code} before listening\n{self.log()}")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"server did not listen on {self.path} within {timeout} s\n{self.log()}")
+                time.sleep(0.05)
+            finally:
+                probe.close()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"server still running after {timeout} s\n{self.log()}") from None
+
+    def kill(self) -> None:
+        """Teardown: whatever is left of this server's process group is killed."""
+        if self.process.poll() is None:
+            try:
+                self.process.send_signal(signal.SIGTERM)
+                self.process.wait(5)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.process.poll() is None:
+            self.process.kill()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._out.close()
+        self._err.close()
+
+
+@pytest.fixture
+def sock_dir(tmp_path):
+    """A directory for socket files whose paths fit in sun_path."""
+    if len(os.fsencode(str(tmp_path / "s" / "udf-agent.sock"))) <= 100:
+        yield str(tmp_path)
+        return
+    short = tempfile.mkdtemp(prefix="udfs", dir="/tmp")
+    try:
+        yield short
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Starts servers (``servers.start(path, target, *args)``) and kills leftovers at teardown."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    started: list[Server] = []
+
+    class Factory:
+        def start(self, path: str, target: str = "mirror", *extra: str, ready: bool = True, timeout: float = 30) -> Server:
+            server = Server(path, target, *extra, log_dir=str(log_dir))
+            started.append(server)
+            return server.wait_ready(timeout) if ready else server
+
+    yield Factory()
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def drivers():
+    """Every SocketDriver opened by a test is closed at teardown."""
+    opened: list[SocketDriver] = []
+
+    def connect(path: str, timeout: float = 10) -> SocketDriver:
+        driver = SocketDriver.connect(path, timeout=timeout)
+        opened.append(driver)
+        return driver
+
+    yield connect
+    for driver in opened:
+        try:
+            driver.sock.close()
+        except OSError:
+            pass
+
+
+def serve_once(path: str, target: str = "mirror", *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Runs a server that is expected to refuse to start."""
+    return subprocess.run(
+        [*SERVE, "--socket", path, *extra, target],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def make_point(conn: int, j: int) -> udf_pb2.Point:
+    """The j-th point of connection `conn`: its tags, values and time are its own."""
+    host = f"h{j % 3}"
+    return udf_pb2.Point(
+        time=T0 + j * SECOND + conn,
+        name="cpu",
+        database="telegraf",
+        retentionPolicy="autogen",
+        group=f"host={host}",
+        dimensions=["host"],
+        tags={"host": host, "conn": f"c{conn}"},
+        fieldsDouble={"value": conn * 1000.0 + j + 0.25},
+        fieldsInt={"seq": conn * 100_000 + j},
+        fieldsString={"label": f"conn{conn}-point{j}"},
+        fieldsBool={"odd": j % 2 == 1},
+    )
+
+
+def by_time(points) -> list[udf_pb2.Point]:
+    return sorted(points, key=lambda p: (p.time, p.group))
+
+
+def assert_same_points(got: list[udf_pb2.Point], expected: list[udf_pb2.Point], label: str) -> None:
+    got, expected = by_time(got), by_time(expected)
+    assert len(got) == len(expected), f"{label}: {len(got)} point(s) came back, {len(expected)} were sent"
+    for index, (g, e) in enumerate(zip(got, expected)):
+        assert g == e, f"{label}: point {index} differs\n got: {g}\nwant: {e}"
+
+
+def assert_no_error(driver: SocketDriver, label: str) -> None:
+    errors = driver.responses.of("error")
+    assert not errors, f"{label}: ErrorResponse {[e.error for e in errors]}"
+    assert driver.responses.error is None, f"{label}: reading failed: {driver.responses.error!r}"
+
+
+def connect_refused(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+        return False
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    finally:
+        probe.close()
+
+
+class RawClient:
+    """Kapacitor's side of a connection that reads only when told to.
+
+    Not reading lets a test hold a session open: the agent's writer blocks once
+    the socket buffer is full.
+    """
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.decoder = FrameDecoder(udf_pb2.Response)
+        self.items: list[udf_pb2.Response] = []
+        self.eof = False
+
+    def send(self, *requests: udf_pb2.Request) -> None:
+        self.sock.sendall(b"".join(encode_frame(r) for r in requests))
+
+    def of(self, kind: str) -> list:
+        return [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+
+    def read_until(self, done, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.eof:
+                raise AssertionError(f"the server closed the connection; got {[r.WhichOneof('message') for r in self.items][-10:]}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout} s; got {len(self.items)} response(s)")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not data:
+                self.eof = True
+                continue
+            self.items.extend(self.decoder.feed(data))
+
+    def read_to_eof(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"the server did not close the connection within {timeout} s ({len(self.items)} response(s) read)")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            if not data:
+                self.eof = True
+                self.decoder.close()
+            else:
+                self.items.extend(self.decoder.feed(data))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+def test_concurrent_connections_each_get_exactly_their_own_points(servers, drivers, sock_dir):
+    path = os.path.join(sock_dir, "mirror.sock")
+    server = servers.start(path)
+    connections, per_connection = 6, 200
+    conns = [drivers(path) for _ in range(connections)]
+    for conn in conns:
+        assert conn.init(timeout=30).success
+    sent = {i: [make_point(i, j) for j in range(per_connection)] for i in range(connections)}
+    barrier = threading.Barrier(connections)
+    failures: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            for j, point in enumerate(sent[i]):
+                conns[i].send(udf_pb2.Request(point=point))
+                if j % 7 == 0:
+                    time.sleep(0.001)  # let the other threads' frames interleave with ours
+            conns[i].close(timeout=60)
+        except BaseException as exc:  # reported below, with the connection number
+            failures.append(AssertionError(f"connection {i}: {exc!r}"))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    assert not any(t.is_alive() for t in threads), "a connection did not finish within 90 s"
+    assert not failures, failures
+
+    for i, conn in enumerate(conns):
+        assert_no_error(conn, f"connection {i}")
+        kinds = set(conn.responses.kinds())
+        assert kinds <= {"init", "point", "keepalive"}, f"connection {i} got {kinds}"
+        got = conn.responses.of("point")
+        strangers = {p.tags["conn"] for p in got} - {f"c{i}"}
+        assert not strangers, f"connection {i} received points of {sorted(strangers)}"
+        assert_same_points(got, sent[i], f"connection {i}")
+    assert server.process.poll() is None, server.log()
+
+
+# ---------------------------------------------------------------- Kapacitor's start-up Info
+
+
+@pytest.mark.parametrize(
+    "target, options",
+    [
+        ("mirror", {}),
+        ("moving_avg", {"field": [udf_pb2.STRING], "size": [udf_pb2.INT], "as": [udf_pb2.STRING]}),
+    ],
+)
+def test_info_only_connection_then_server_keeps_serving(servers, drivers, sock_dir, target, options):
+    path = os.path.join(sock_dir, "info.sock")
+    server = servers.start(path, target)
+    # kapacitord start-up: connect, Info, close; a restart of kapacitord does it again.
+    for attempt in range(3):
+        driver = drivers(path)
+        started = time.monotonic()
+        info = driver.info(timeout=10)
+        elapsed = time.monotonic() - started
+        driver.close(timeout=10)
+        assert driver.responses.kinds() == ["info"], f"attempt {attempt}: {driver.responses.kinds()}"
+        assert info.wants == udf_pb2.STREAM and info.provides == udf_pb2.STREAM
+        assert {name: list(o.valueTypes) for name, o in info.options.items()} == options
+        assert elapsed < 10
+        assert_no_error(driver, f"info attempt {attempt}")
+    assert server.process.poll() is None, f"server died after Info-only connections\n{server.log()}"
+
+    if target == "mirror":
+        # A task starts afterwards: a fresh connection, Init, data.
+        driver = drivers(path)
+        assert driver.init(timeout=30).success
+        points = [make_point(9, j) for j in range(20)]
+        for point in points:
+            driver.send(udf_pb2.Request(point=point))
+        driver.close(timeout=30)
+        assert_no_error(driver, "task connection")
+        assert "info" not in driver.responses.kinds()
+        assert_same_points(driver.responses.of("point"), points, "task connection")
+    assert server.process.poll() is None, server.log()
+
+
+# ---------------------------------------------------------------- the socket file
+
+
+def test_stale_socket_file_is_replaced(servers, drivers, sock_dir):
+    path = os.path.join(sock_dir, "stale.sock")
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(path)
+    leftover.close()  # a crashed server's file: a socket nobody listens on
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    assert connect_refused(path)
+
+    server = servers.start(path)
+    driver = drivers(path)
+    info = driver.info(timeout=10)
+    assert info.wants == udf_pb2.STREAM
+    driver.close(timeout=10)
+    assert stat.S_ISSOCK(os.lstat(path).st_mode)
+    assert server.process.poll() is None, server.log()
+
+
+def test_regular_file_at_the_path_is_refused_and_kept(sock_dir):
+    path = os.path.join(sock_dir, "precious.sock")
+    with open(path, "w") as f:
+        f.write("not a socket: keep me\n")
+    before = os.lstat(path)
+
+    result = serve_once(path)
+
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode != 0, err
+    assert "not a socket" in err and path in err, err
+    assert "Traceback" not in err, err
+    after = os.lstat(path)
+    assert stat.S_ISREG(after.st_mode)
+    assert after.st_ino == before.st_ino
+    with open(path) as f:
+        assert f.read() == "not a socket: keep me\n"
+
+
+def test_socket_path_too_long_is_refused(sock_dir):
+    path = os.path.join(sock_dir, "x" * (MAX_SOCKET_PATH + 10 - len(sock_dir)) + ".sock")
+    assert len(os.fsencode(path)) > MAX_SOCKET_PATH
+    result = serve_once(path)
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode != 0, err
+    assert "107" in err and "Traceback" not in err, err
+    assert not os.path.exists(path)
+
+
+def test_second_server_on_a_live_socket_refuses_and_first_keeps_working(servers, drivers, sock_dir):
+    path = os.path.join(sock_dir, "owned.sock")
+    first = servers.start(path)
+    inode = os.lstat(path).st_ino
+
+    result = serve_once(path)
+
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode != 0, err
+    assert "already listening" in err and path in err, err
+    assert "Traceback" not in err, err
+    # The live server's file is untouched and the server still answers.
+    assert stat.S_ISSOCK(os.lstat(path).st_mode) and os.lstat(path).st_ino == inode
+    assert first.process.poll() is None, first.log()
+    driver = drivers(path)
+    assert driver.init(timeout=30).success
+    points = [make_point(1, j) for j in range(30)]
+    for point in points:
+        driver.send(udf_pb2.Request(point=point))
+    driver.close(timeout=30)
+    assert_no_error(driver, "first server")
+    assert_same_points(driver.responses.of("point"), points, "first server")
+
+
+@pytest.mark.parametrize("mode_args, expected", [((), 0o660), (("--socket-mode", "0600"), 0o600)])
+def test_socket_file_permissions(servers, sock_dir, mode_args, expected):
+    path = os.path.join(sock_dir, "perm.sock")
+    server = servers.start(path, "mirror", *mode_args)
+    info = os.lstat(path)
+    assert stat.S_ISSOCK(info.st_mode)
+    mode = stat.S_IMODE(info.st_mode)
+    assert mode == expected, f"socket file mode {mode:o}, expected {expected:o}"
+    assert not mode & stat.S_IWOTH, f"socket file is world-writable ({mode:o})"
+    assert not mode & stat.S_IXOTH
+    assert server.process.poll() is None
+
+
+# ---------------------------------------------------------------- stopping
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_finishes_open_session_and_removes_socket(servers, sock_dir, signum):
+    path = os.path.join(sock_dir, "stop.sock")
+    # A long flush interval: the points stay pending, only the stop can send them.
+    server = servers.start(path, "mirror", "--flush-interval", "60s")
+    client = RawClient(path)
+    try:
+        client.send(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t", nodeID="mirror1")))
+        client.read_until(lambda: client.of("init"), timeout=30)
+        assert client.of("init")[0].success
+        # Enough output to fill the socket buffer while we do not read: the
+        # session stays open after the signal until we read.
+        points = [make_point(3, j) for j in range(10_000)]
+        client.send(*(udf_pb2.Request(point=p) for p in points))
+        # The keepalive is read after every point: its answer proves they were all accepted.
+        client.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=4242)))
+        client.read_until(lambda: any(k.time == 4242 for k in client.of("keepalive")), timeout=30)
+        assert not client.of("point"), "points were echoed before the stop (flush interval ignored?)"
+
+        signalled = time.monotonic()
+        server.process.send_signal(signum)
+
+        # New connections are refused while the open session is still being finished.
+        deadline = signalled + 10
+        while not connect_refused(path):
+            assert time.monotonic() < deadline, f"server still accepts connections 10 s after {signum!r}\n{server.log()}"
+            time.sleep(0.05)
+        assert server.process.poll() is None, f"server exited before its open session was read\n{server.log()}"
+
+        client.read_to_eof(timeout=60)  # the server closes the connection itself
+        assert time.monotonic() - signalled < 60
+        errors = client.of("error")
+        assert not errors, [e.error for e in errors]
+        assert_same_points(client.of("point"), points, "open session")
+        kinds = {r.WhichOneof("message") for r in client.items}
+        assert kinds <= {"init", "keepalive", "point"}, kinds
+
+        assert server.wait(30) == 0, server.log()
+        assert not os.path.lexists(path), "the socket file was left behind"
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- bad input
+
+
+GARBAGE = {
+    "invalid-body": b"\x0c" + b"\xff" * 12 + b"more junk that is no protobuf",
+    "absurd-length": b"\xff\xff\xff\xff\xff\xff\xff\xff\x7f" + b"\x00" * 64,
+    "http": b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n" + bytes(random.Random(7).randbytes(4096)),
+}
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE), ids=list(GARBAGE))
+def test_garbage_ends_only_its_own_connection_with_an_error(servers, drivers, sock_dir, garbage):
+    path = os.path.join(sock_dir, "garbage.sock")
+    server = servers.start(path)
+    good = drivers(path)
+    assert good.init(timeout=30).success
+    first = [make_point(1, j) for j in range(50)]
+    for point in first:
+        good.send(udf_pb2.Request(point=point))
+
+    bad = drivers(path)
+    assert bad.init(timeout=30).success
+    bad.send(udf_pb2.Request(point=make_point(2, 0)))
+    bad.send_raw(GARBAGE[garbage])
+    # The server ends the bad connection by itself (no half-close from us).
+    if not bad.responses.closed.wait(30):
+        raise AssertionError(f"the server did not close the garbage connection\n{server.log()}")
+    errors = bad.responses.of("error")
+    assert len(errors) == 1 and errors[0].error, bad.responses.kinds()
+    assert bad.responses.kinds()[-1] == "error", "the ErrorResponse must be the last frame"
+    assert not any(p.tags.get("conn") != "c2" for p in bad.responses.of("point"))
+
+    # The other connection is unaffected and keeps going.
+    second = [make_point(1, j) for j in range(50, 100)]
+    for point in second:
+        good.send(udf_pb2.Request(point=point))
+    good.close(timeout=30)
+    assert_no_error(good, "good connection")
+    assert_same_points(good.responses.of("point"), first + second, "good connection")
+
+    # And new connections are still served.
+    later = drivers(path)
+    assert later.init(timeout=30).success
+    points = [make_point(5, j) for j in range(10)]
+    for point in points:
+        later.send(udf_pb2.Request(point=point))
+    later.close(timeout=30)
+    assert_no_error(later, "later connection")
+    assert_same_points(later.responses.of("point"), points, "later connection")
+    assert server.process.poll() is None, server.log()
+
+
+# ---------------------------------------------------------------- a Spark built-in over the socket
+
+
+def moving_averages(values: list[float], size: int) -> list[float]:
+    return [sum(values[max(0, k - size + 1) : k + 1]) / len(values[max(0, k - size + 1) : k + 1]) for k in range(len(values))]
+
+
+@pytest.mark.spark
+def test_moving_avg_over_socket_two_concurrent_connections(servers, drivers, sock_dir):
+    path = os.path.join(sock_dir, "mavg.sock")
+    server = servers.start(path, "moving_avg", "--master", "local[2]")
+    size = 10
+    # Connection 0: Kapacitor's own reference data (a -> 0.9, b -> 1.9 at t=10 s).
+    # Connection 1: the same group ids with other values: state must not leak between tasks.
+    series = {
+        0: {
+            "a": [1.0] * 10 + [0.0, 0.0],
+            "b": [2.0] * 10 + [1.0, 0.0],
+        },
+        1: {
+            "a": [100.0 + 3 * t for t in range(12)],
+            "c": [-5.0 * t for t in range(12)],
+        },
+    }
+    conns = {i: drivers(path) for i in series}
+    for conn in conns.values():
+        assert conn.init(option("field", "value"), option("size", size), option("as", "mean"), timeout=60).success
+
+    def send(i: int, times: range) -> None:
+        for t in times:
+            for group, values in series[i].items():
+                conns[i].point(
+                    time=t * SECOND,
+                    name="cpu",
+                    database="telegraf",
+                    retentionPolicy="autogen",
+                    group=f"group={group}",
+                    dimensions=["group"],
+                    tags={"group": group, "conn": f"c{i}"},
+                    fieldsDouble={"value": values[t]},
+                )
+
+    failures: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            groups = len(series[i])
+            send(i, range(0, 10))
+            # The first wave is computed (Spark starts here), then history carries over.
+            conns[i].responses.wait_for("point", 10 * groups, timeout=180)
+            send(i, range(10, 12))
+            conns[i].close(timeout=180)
+        except BaseException as exc:
+            failures.append(AssertionError(f"connection {i}: {exc!r}"))
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in series]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(240)
+    assert not any(t.is_alive() for t in threads), f"moving_avg connections did not finish\n{server.log()}"
+    assert not failures, f"{failures}\n{server.log()}"
+
+    for i, conn in conns.items():
+        assert_no_error(conn, f"connection {i}")
+        got: dict[str, list[udf_pb2.Point]] = {}
+        for point in conn.responses.of("point"):
+            assert point.tags["conn"] == f"c{i}", f"connection {i} received {point}"
+            got.setdefault(point.tags["group"], []).append(point)
+        assert set(got) == set(series[i]), f"connection {i}: groups {sorted(got)}"
+        for group, values in series[i].items():
+            points = sorted(got[group], key=lambda p: p.time)
+            assert [p.time for p in points] == [t * SECOND for t in range(12)], f"connection {i} group {group}"
+            for p in points:
+                assert p.group == f"group={group}" and list(p.dimensions) == ["group"] and p.name == "cpu"
+                assert set(p.fieldsDouble) == {"mean"} and not p.fieldsInt and not p.fieldsString
+            means = [p.fieldsDouble["mean"] for p in points]
+            assert means == pytest.approx(moving_averages(values, size)), f"connection {i} group {group}"
+    # Kapacitor's end-to-end reference: last('mean') over an 11 s window (t = 0..10 s).
+    assert mean_at(conns[0], "a", 10 * SECOND) == pytest.approx(0.9)
+    assert mean_at(conns[0], "b", 10 * SECOND) == pytest.approx(1.9)
+
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(60) == 0, server.log()
+    assert not os.path.lexists(path)
+
+
+def mean_at(driver: SocketDriver, group: str, when: int) -> float:
+    (point,) = [p for p in driver.responses.of("point") if p.tags["group"] == group and p.time == when]
+    return point.fieldsDouble["mean"]
