@@ -1,0 +1,280 @@
+"""Kapacitor's side of the protocol, for testing UDFs without Kapacitor.
+
+``KapacitorDriver`` starts ``udf-agent`` as a process and talks to it over
+real pipes; ``SocketDriver`` talks to a ``udf-agent serve`` socket;
+``InProcessAgent`` runs an agent in this process on a socketpair. All write
+frames the way Kapacitor does (the length and the body as two separate
+writes), decode Response frames on a thread of their own, and time how long
+each KeepaliveRequest takes to be answered.
+
+    from udf_agent.testing import KapacitorDriver, option
+
+    driver = KapacitorDriver("run", "moving_avg")
+    assert driver.init(option("field", "value"), option("size", 3)).success
+    driver.point(time=1, name="cpu", fieldsDouble={"value": 1.0})
+    driver.close()
+    print(driver.responses.of("point"))
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameDecoder, encode_varint
+
+AGENT = [sys.executable, "-m", "udf_agent"]
+
+
+def option(name: str, *values: Any) -> udf_pb2.Option:
+    """An InitRequest option with Kapacitor's typing of Python values."""
+    wire = []
+    for value in values:
+        if isinstance(value, bool):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.BOOL, boolValue=value))
+        elif isinstance(value, int):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.INT, intValue=value))
+        elif isinstance(value, float):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=value))
+        elif isinstance(value, str):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=value))
+        elif isinstance(value, Duration):
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=value.ns))
+        else:
+            raise TypeError(value)
+    return udf_pb2.Option(name=name, values=wire)
+
+
+class Duration:
+    def __init__(self, ns: int):
+        self.ns = ns
+
+
+def request_frame(request: udf_pb2.Request) -> tuple[bytes, bytes]:
+    body = request.SerializeToString()
+    return encode_varint(len(body)), body
+
+
+class Responses:
+    """Decodes the agent's output as it arrives and keeps every Response."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+        self._decoder = FrameDecoder(udf_pb2.Response)
+        self.items: list[udf_pb2.Response] = []
+        self.raw = bytearray()
+        self.closed = threading.Event()
+        self._cond = threading.Condition()
+        self.keepalive_seen: dict[int, float] = {}
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                data = self._stream.recv(1 << 20) if hasattr(self._stream, "recv") else os.read(self._stream.fileno(), 1 << 20)
+                if not data:
+                    break
+                self.raw += data
+                messages = self._decoder.feed(data)
+                now = time.monotonic()
+                with self._cond:
+                    for message in messages:
+                        if message.WhichOneof("message") == "keepalive":
+                            self.keepalive_seen.setdefault(message.keepalive.time, now)
+                        self.items.append(message)
+                    self._cond.notify_all()
+        except BaseException as exc:  # surfaced by the test through .error
+            self.error = exc
+        finally:
+            self.closed.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def of(self, kind: str) -> list[Any]:
+        with self._cond:
+            return [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+                if len(found) >= count:
+                    return found
+                if self.closed.is_set():
+                    raise AssertionError(f"agent closed its output after {len(found)} {kind} response(s); got {self.kinds()}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out waiting for {count} {kind} response(s), got {len(found)}")
+                self._cond.wait(remaining)
+
+    def kinds(self) -> list[str]:
+        return [r.WhichOneof("message") for r in self.items]
+
+
+class _Driver:
+    """What Kapacitor does to an agent, whatever carries the bytes."""
+
+    responses: Responses
+
+    def __init__(self) -> None:
+        self._write_lock = threading.Lock()
+        self.keepalive_sent: dict[int, float] = {}
+
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def send(self, request: udf_pb2.Request) -> None:
+        length, body = request_frame(request)
+        with self._write_lock:
+            self._write(length)
+            self._write(body)
+
+    def send_raw(self, data: bytes) -> None:
+        with self._write_lock:
+            self._write(data)
+
+    def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
+        before = len(self.responses.of("info"))
+        self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        return self.responses.wait_for("info", before + 1, timeout=timeout)[-1]
+
+    def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
+        before = len(self.responses.of("init"))
+        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
+        return self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
+
+    def snapshot(self, timeout: float = 180) -> bytes:
+        before = len(self.responses.of("snapshot"))
+        self.send(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()))
+        return self.responses.wait_for("snapshot", before + 1, timeout=timeout)[-1].snapshot
+
+    def restore(self, data: bytes, timeout: float = 180) -> udf_pb2.RestoreResponse:
+        before = len(self.responses.of("restore"))
+        self.send(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data)))
+        return self.responses.wait_for("restore", before + 1, timeout=timeout)[-1]
+
+    def keepalive(self, stamp: int) -> None:
+        self.keepalive_sent[stamp] = time.monotonic()
+        self.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=stamp)))
+
+    def keepalive_latencies(self) -> list[float]:
+        """Seconds from each KeepaliveRequest to its answer (inf when never answered)."""
+        seen = self.responses.keepalive_seen
+        return [seen.get(stamp, float("inf")) - sent for stamp, sent in self.keepalive_sent.items()]
+
+    def point(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(point=udf_pb2.Point(**fields)))
+
+    def begin(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(begin=udf_pb2.BeginBatch(**fields)))
+
+    def end(self, **fields: Any) -> None:
+        self.send(udf_pb2.Request(end=udf_pb2.EndBatch(**fields)))
+
+
+class KapacitorDriver(_Driver):
+    """Starts ``udf-agent ARGS`` as a process, as Kapacitor would, and talks to it over pipes."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: str | None = None):
+        super().__init__()
+        full_env = {**os.environ, **(env or {})}
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [*AGENT, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd=cwd,
+            bufsize=0,
+        )
+        self.responses = Responses(self.process.stdout)
+        self.stderr = bytearray()
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+
+    def _drain_stderr(self) -> None:
+        for line in self.process.stderr:
+            self.stderr += line
+
+    def _write(self, data: bytes) -> None:
+        self.process.stdin.write(data)
+
+    def close(self, timeout: float = 180) -> int:
+        """Closes the agent's stdin as Kapacitor does on stop, and waits for it to exit."""
+        self.process.stdin.close()
+        self.responses.closed.wait(timeout)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        return self.stderr.decode(errors="replace")
+
+
+class SocketDriver(_Driver):
+    """Kapacitor's side of one unix socket connection (to a server, or to an in-process agent)."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self.sock = sock
+        self.responses = Responses(sock)
+
+    @classmethod
+    def connect(cls, path: str, timeout: float = 10) -> "SocketDriver":
+        deadline = time.monotonic() + timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                return cls(sock)
+            except OSError:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self, timeout: float = 180) -> None:
+        """Half-closes the connection as Kapacitor does on stop and waits for the agent's end."""
+        self.sock.shutdown(socket.SHUT_WR)
+        if not self.responses.closed.wait(timeout):
+            raise AssertionError("the agent did not close its side")
+        self.sock.close()
+
+
+class InProcessAgent:
+    """An ``Agent`` served on one end of a socketpair, in this process; the driver holds the other end."""
+
+    def __init__(self, spec: Any, engines: Any, config: Any = None):
+        from udf_agent.agent import Agent
+        from udf_agent.transports import SocketConnection
+
+        ours, theirs = socket.socketpair()
+        self.connection = SocketConnection(theirs)
+        self.agent = Agent(spec, self.connection, engines, config)
+        self.driver = SocketDriver(ours)
+        self.exit_code: int | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = self.agent.run()
+        self.connection.close()
+
+    def finish(self, timeout: float = 180) -> int | None:
+        self.driver.close(timeout)
+        self._thread.join(timeout)
+        return self.exit_code
