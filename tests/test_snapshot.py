@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import struct
 import threading
 import time
@@ -371,22 +370,16 @@ def test_snapshot_without_owner_metadata_is_refused():
         load_snapshot("moving_avg", _with_valid_digest(_arrow_body(table)))
 
 
-# ---- bugs found (strict xfail: they pass once the code is fixed) ----
-
-_OSERROR_BUG = (
-    "load_snapshot catches pa.ArrowException, KeyError and UnicodeDecodeError only; pyarrow raises a plain "
-    "OSError for an IPC body cut inside a record batch, so it escapes as a non-SnapshotError"
-)
+# ---- damaged snapshots, ordering under preemption ----
 
 
-@pytest.mark.xfail(strict=True, raises=OSError, reason=_OSERROR_BUG)
+
 def test_body_cut_inside_a_record_batch_with_a_valid_digest_is_a_snapshot_error():
     data = dump_snapshot("moving_avg", GROUPS)
     with pytest.raises(SnapshotError, match="body is unreadable"):
         load_snapshot("moving_avg", _with_valid_digest(data[42:-20]))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_OSERROR_BUG + "; the agent then sends an ErrorResponse and the task dies")
 def test_agent_refuses_a_body_cut_inside_a_record_batch_without_failing_the_task(engines, good_snapshot):
     data, _ = good_snapshot
     agent = start(engines)
@@ -402,11 +395,6 @@ def test_agent_refuses_a_body_cut_inside_a_record_batch_without_failing_the_task
     assert agent.exit_code == 0 and "error" not in agent.driver.responses.kinds()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_snapshot never checks the column types: a snapshot whose history is int64 (or whose group "
-    "is null) is restored with success=True and the task fails later, at its first micro-batch",
-)
 def test_load_snapshot_refuses_columns_of_the_wrong_type():
     import pyarrow as pa
 
@@ -417,29 +405,18 @@ def test_load_snapshot_refuses_columns_of_the_wrong_type():
         load_snapshot("moving_avg", _with_valid_digest(_arrow_body(table)))
 
 
-class _PreemptedQueue(queue.Queue):
-    """The agent's work queue, with the compute thread descheduled once at the worst moment.
+def _slow_flush(session, delay=0.3):
+    """Makes the flush timer lose the CPU at the worst moment: just before it closes a micro-batch."""
+    original = session.flush_due
+    calls = []
 
-    Once armed, the compute thread's next get() finds the queue empty and times out, and the
-    thread then loses the CPU (0.3 s, as under GIL or CPU contention) before it looks at the
-    session again: meanwhile the reader enqueues the micro-batch a SnapshotRequest closed, and
-    opens and ages the next micro-batch.
-    """
+    def flush_due(now):
+        calls.append(now)
+        time.sleep(delay)
+        return original(now)
 
-    def __init__(self, maxsize: int):
-        super().__init__(maxsize)
-        self.armed = threading.Event()
-        self.fired = threading.Event()
-
-    def get(self, block=True, timeout=None):
-        if self.armed.is_set() and not self.fired.is_set():
-            self.fired.set()
-            deadline = time.monotonic() + 30
-            while self.qsize() < 2 and time.monotonic() < deadline:  # Compute + TakeSnapshot
-                time.sleep(0.001)
-            time.sleep(0.3)
-            raise queue.Empty
-        return super().get(block, timeout)
+    session.flush_due = flush_due
+    return calls
 
 
 def rolling_means(rows, size=10) -> dict[tuple[str, int], float]:
@@ -459,23 +436,15 @@ def test_rolling_means_helper_matches_kapacitors_reference(uninterrupted):
     assert uninterrupted == pytest.approx(reference, rel=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Agent._next_work flushes the session's pending micro-batch directly when its get() times out, "
-    "bypassing micro-batches the reader closed but had not yet enqueued (or enqueued just after the "
-    "timeout): a later micro-batch is computed before an earlier one, corrupting history and snapshots",
-)
 def test_micro_batches_are_computed_in_order_even_if_the_compute_thread_is_preempted(engines):
     first_half = [(t, 1.0, 2.0) for t in range(5)]
     second_half = [(t, 3.0, 5.0) for t in range(5, 10)]
     expected = rolling_means(first_half + second_half + TAIL)
     config = AgentConfig(flush_interval=0.05)
     agent = InProcessAgent(moving_avg, engines, config)
-    work = agent.agent._work = _PreemptedQueue(config.max_pending_batches)
+    flushes = _slow_flush(agent.agent.session)
     try:
         assert agent.driver.init(*OPTIONS).success
-        work.armed.set()
-        time.sleep(0.3)  # the compute thread is now inside the armed get()
         feed(agent, first_half)
         agent.driver.send(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()))
         feed(agent, second_half)
@@ -484,7 +453,7 @@ def test_micro_batches_are_computed_in_order_even_if_the_compute_thread_is_preem
         kinds = agent.driver.responses.kinds()
     finally:
         agent.finish(timeout=60)
-    assert work.fired.is_set()
+    assert flushes, "the flush timer never ran"
     assert outputs == pytest.approx({k: v for k, v in expected.items() if k[1] < 10}, rel=1e-12)
     # The snapshot holds what came before its request: t=0..4, not t=5..9.
     assert kinds.index("snapshot") == 11, kinds

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -129,8 +128,9 @@ class Agent:
         self.connection = connection
         self.engines = engines
         self.session = Session(spec, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval)
-        self._lock = threading.Lock()
-        self._work: queue.Queue[Any] = queue.Queue(maxsize=self.config.max_pending_batches)
+        # Guards the session and the work queue: one order for everything computed.
+        self._cond = threading.Condition()
+        self._work: deque[Any] = deque()
         self.writer = Writer(connection)
         self._options: Any = None
         self._job: Any = None
@@ -173,48 +173,53 @@ class Agent:
                 except ProtocolError as exc:
                     requests, error = exc.decoded, exc
                 for request in requests:
-                    with self._lock:
-                        events = self.session.receive(request, time.monotonic())
-                    if not self._dispatch(events):
+                    with self._cond:
+                        alive = self._dispatch(self.session.receive(request, time.monotonic()))
+                    if not alive:
                         return
+                    self._wait_for_room()
                 if error is not None:
                     raise error
         except ProtocolError as exc:
-            with self._lock:
-                events = self.session.fail(str(exc)) if not self.session.failed else []
-            self._dispatch(events)
+            with self._cond:
+                if not self.session.failed:
+                    self._dispatch(self.session.fail(str(exc)))
             return
         except OSError as exc:
             if not self._stop_reading.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
-        with self._lock:
-            events = self.session.finish()
-        self._dispatch(events)
-        self._enqueue(_Finish())
+        with self._cond:
+            self._dispatch(self.session.finish())
+            self._work.append(_Finish())
+            self._cond.notify_all()
 
     def _dispatch(self, events: list[Event]) -> bool:
-        """Acts on session events; False once the session has failed."""
+        """Acts on session events (caller holds ``_cond``); False once the session has failed.
+
+        Work is appended under the same lock that produced it, whether the reader
+        or the flush timer closed it, so micro-batches are computed in order.
+        """
+        alive = True
         for event in events:
             if isinstance(event, Send):
                 self.writer.send(event.frame, urgent=event.urgent)
             elif isinstance(event, Started):
                 self._start(event)
             elif isinstance(event, (Compute, TakeSnapshot, Restore)):
-                self._enqueue(event)
+                self._work.append(event)
             elif isinstance(event, Fail):
                 log.error("protocol error: %s", event.message)
-                self._enqueue(_Finish(f"protocol error: {event.message}"))
-                return False
-        return True
+                self._work.append(_Finish(f"protocol error: {event.message}"))
+                alive = False
+        self._cond.notify_all()
+        return alive
 
-    def _enqueue(self, item: Any) -> None:
-        # Blocking here is the backpressure; heartbeats keep Kapacitor's watchdog fed.
-        while not self._compute_done.is_set():
-            try:
-                self._work.put(item, timeout=HEARTBEAT_INTERVAL)
-                return
-            except queue.Full:
-                self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
+    def _wait_for_room(self) -> None:
+        # Not reading is the backpressure; heartbeats keep Kapacitor's watchdog fed meanwhile.
+        with self._cond:
+            while len(self._work) >= self.config.max_pending_batches and not self._compute_done.is_set():
+                if not self._cond.wait(HEARTBEAT_INTERVAL):
+                    self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
 
     def _start(self, event: Started) -> None:
         self._options = event.options
@@ -226,8 +231,6 @@ class Agent:
         try:
             while True:
                 item = self._next_work()
-                if item is None:
-                    continue
                 if isinstance(item, _Finish):
                     self._finish(item.error)
                     return
@@ -244,19 +247,25 @@ class Agent:
             self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
 
     def _next_work(self) -> Any:
-        with self._lock:
-            deadline = self.session.deadline()
-        wait = self.config.flush_interval if deadline is None else deadline - time.monotonic()
-        try:
-            return self._work.get(timeout=max(0.0, min(wait, 0.1)))
-        except queue.Empty:
-            with self._lock:
-                due = self.session.flush_due(time.monotonic())
-            return due[0] if due else None
+        with self._cond:
+            while not self._work:
+                now = time.monotonic()
+                deadline = self.session.deadline()
+                if deadline is not None and now >= deadline:
+                    self._dispatch(self.session.flush_due(now))
+                    continue
+                # With nothing pending, a micro-batch opened from now on is due no
+                # earlier than one flush interval from now.
+                self._cond.wait(self.config.flush_interval if deadline is None else deadline - now)
+            item = self._work.popleft()
+            self._cond.notify_all()
+            return item
 
     def _finish(self, error: str | None) -> None:
         self._stop_reading.set()
-        self._compute_done.set()
+        with self._cond:
+            self._compute_done.set()
+            self._cond.notify_all()
         if error is not None:
             self.exit_code = 1
             self.writer.close(error_frame(error))

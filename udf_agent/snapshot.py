@@ -53,13 +53,19 @@ def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
         raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
     try:
         table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-        metadata = table.schema.metadata or {}
-        owner = metadata.get(b"udf", b"").decode()
-        groups = table.column("group").to_pylist()
-        histories = table.column("history").to_pylist()
-        states = table.column("state").to_pylist()
-    except (pa.ArrowException, KeyError, UnicodeDecodeError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise SnapshotError(f"snapshot body is unreadable: {exc}") from None
+    expected = {"group": pa.string(), "history": pa.binary(), "state": pa.string()}
+    actual = {field.name: field.type for field in table.schema}
+    if actual != expected:
+        described = ", ".join(f"{name}: {kind}" for name, kind in actual.items())
+        raise SnapshotError(f"snapshot body is unreadable: its columns are ({described}), not (group: string, history: binary, state: string)")
+    if table.column("group").null_count:
+        raise SnapshotError("snapshot body is unreadable: a row has no group")
+    owner = (table.schema.metadata or {}).get(b"udf", b"").decode(errors="replace")
     if owner != udf_name:
         raise SnapshotError(f"snapshot belongs to UDF {owner!r}, not {udf_name!r}")
+    groups = table.column("group").to_pylist()
+    histories = table.column("history").to_pylist()
+    states = table.column("state").to_pylist()
     return {g: (h, s) for g, h, s in zip(groups, histories, states)}
