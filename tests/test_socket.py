@@ -40,7 +40,7 @@ SERVE = [sys.executable, "-m", "udf_agent", "serve"]
 class Server:
     """One ``udf-agent serve`` subprocess; its stdout and stderr go to files."""
 
-    def __init__(self, path: str, target: str, *extra: str, log_dir: str):
+    def __init__(self, path: str, target: str, *extra: str, log_dir: str, preexec_fn=None):
         self.path = path
         index = len(os.listdir(log_dir))
         self._out_path = os.path.join(log_dir, f"server{index}.out")
@@ -53,6 +53,7 @@ class Server:
             stdout=self._out,
             stderr=self._err,
             start_new_session=True,  # its own process group: teardown also reaches a Spark JVM
+            preexec_fn=preexec_fn,
         )
 
     @property
@@ -133,8 +134,8 @@ def servers(tmp_path):
     started: list[Server] = []
 
     class Factory:
-        def start(self, path: str, target: str = "mirror", *extra: str, ready: bool = True, timeout: float = 30) -> Server:
-            server = Server(path, target, *extra, log_dir=str(log_dir))
+        def start(self, path: str, target: str = "mirror", *extra: str, ready: bool = True, timeout: float = 30, preexec_fn=None) -> Server:
+            server = Server(path, target, *extra, log_dir=str(log_dir), preexec_fn=preexec_fn)
             started.append(server)
             return server.wait_ready(timeout) if ready else server
 
@@ -161,7 +162,7 @@ def drivers():
             pass
 
 
-def serve_once(path: str, target: str = "mirror", *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def serve_once(path: str, target: str = "mirror", *extra: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """Runs a server that is expected to refuse to start."""
     return subprocess.run(
         [*SERVE, "--socket", path, *extra, target],
@@ -543,6 +544,67 @@ def test_garbage_ends_only_its_own_connection_with_an_error(servers, drivers, so
     later.close(timeout=30)
     assert_no_error(later, "later connection")
     assert_same_points(later.responses.of("point"), points, "later connection")
+    assert server.process.poll() is None, server.log()
+
+
+# ---------------------------------------------------------------- running out of file descriptors
+
+
+FD_LIMIT = 48
+
+
+def _low_fd_limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="UnixSocketServer.serve_forever re-raises any OSError from accept(): EMFILE (too many "
+    "open files) ends the whole server, closing every open session and removing the socket",
+)
+def test_running_out_of_file_descriptors_does_not_end_the_server(servers, drivers, sock_dir):
+    path = os.path.join(sock_dir, "fds.sock")
+    server = servers.start(path, preexec_fn=_low_fd_limit)
+    held = drivers(path)
+    assert held.init(timeout=30).success
+    before = [make_point(1, j) for j in range(20)]
+    for point in before:
+        held.send(udf_pb2.Request(point=point))
+    held.responses.wait_for("point", len(before), timeout=30)
+
+    # More connections than the server has file descriptors (many tasks at once).
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(FD_LIMIT + 12):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2)
+            flood.append(sock)
+            try:
+                sock.connect(path)
+            except OSError:
+                break  # the backlog is full: enough
+        time.sleep(1.5)
+        assert server.process.poll() is None, f"the server ended when it ran out of file descriptors\n{server.log()}"
+        assert stat.S_ISSOCK(os.lstat(path).st_mode)
+
+        # The open task goes on.
+        after = [make_point(1, j) for j in range(20, 40)]
+        for point in after:
+            held.send(udf_pb2.Request(point=point))
+        held.responses.wait_for("point", len(before) + len(after), timeout=30)
+    finally:
+        for sock in flood:
+            sock.close()
+    held.close(timeout=30)
+    assert_no_error(held, "held connection")
+    assert_same_points(held.responses.of("point"), before + after, "held connection")
+
+    # Once descriptors are free again, new connections are served.
+    later = drivers(path, timeout=20)
+    assert later.info(timeout=20).wants == udf_pb2.STREAM
+    later.close(timeout=20)
     assert server.process.poll() is None, server.log()
 
 

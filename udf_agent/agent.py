@@ -172,12 +172,9 @@ class Agent:
                     requests, error = decoder.feed(data), None
                 except ProtocolError as exc:
                     requests, error = exc.decoded, exc
-                for request in requests:
-                    with self._cond:
-                        alive = self._dispatch(self.session.receive(request, time.monotonic()))
-                    if not alive:
-                        return
-                    self._wait_for_room()
+                if not self._receive(requests):
+                    return
+                self._wait_for_room()
                 if error is not None:
                     raise error
         except ProtocolError as exc:
@@ -193,6 +190,17 @@ class Agent:
             self._work.append(_Finish())
             self._cond.notify_all()
 
+    def _receive(self, requests: list[udf_pb2.Request]) -> bool:
+        """Feeds one read's requests to the session under one lock; False once it has failed."""
+        # In slices, so the compute thread is never kept waiting for the lock long.
+        for start in range(0, len(requests), 1024):
+            with self._cond:
+                now = time.monotonic()
+                for request in requests[start : start + 1024]:
+                    if not self._dispatch(self.session.receive(request, now)):
+                        return False
+        return True
+
     def _dispatch(self, events: list[Event]) -> bool:
         """Acts on session events (caller holds ``_cond``); False once the session has failed.
 
@@ -200,6 +208,8 @@ class Agent:
         or the flush timer closed it, so micro-batches are computed in order.
         """
         alive = True
+        if not events:
+            return alive
         for event in events:
             if isinstance(event, Send):
                 self.writer.send(event.frame, urgent=event.urgent)

@@ -56,6 +56,7 @@ class GroupRows:
         self.dimensions.append(tuple(point.dimensions))
         self.by_name.append(point.byName)
         sparse = self.sparse
+        # The hot path of the reader: plain loops, no work for absent maps.
         for prefix, mapping in (
             (TAG, point.tags),
             (FIELD_DOUBLE, point.fieldsDouble),
@@ -63,6 +64,8 @@ class GroupRows:
             (FIELD_STRING, point.fieldsString),
             (FIELD_BOOL, point.fieldsBool),
         ):
+            if not mapping:
+                continue
             for key, value in mapping.items():
                 column = sparse.get(prefix + key)
                 if column is None:
