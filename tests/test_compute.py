@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kapacitor import InProcessAgent, option
+from udf_agent.testing import Duration, InProcessAgent, option
 from udf_agent import udf_pb2
 from udf_agent.agent import AgentConfig
 from udf_agent.builtins import moving_avg, outliers
@@ -138,7 +138,7 @@ def test_a_duration_history_keeps_time_windows_exact(engines):
             driver.point(time=t * second, name="m", fieldsInt={"value": t})
 
     config = AgentConfig(flush_interval=0.01, max_batch_points=4)
-    harness, driver = run_agent(sample.time_sum, engines, (option("window", __import__("kapacitor").Duration(3 * second)),), config, feed)
+    harness, driver = run_agent(sample.time_sum, engines, (option("window", Duration(3 * second)),), config, feed)
     points = driver.responses.wait_for("point", 30, timeout=300)
     assert harness.finish() == 0
     # A 3 s window ending at t holds t-2, t-1 and t.

@@ -1,18 +1,19 @@
 """``udf-agent run`` as a real process, driven over real pipes as Kapacitor drives it."""
 
+import os
 import statistics
 import threading
 import time
 
 import pytest
 
-from kapacitor import KapacitorDriver, option
+from udf_agent.testing import KapacitorDriver, option
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder
 
 pytestmark = pytest.mark.integration
 
-ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECOND = 1_000_000_000
 
 

@@ -16,7 +16,7 @@ from udf_agent.guard import OutputGuard
 from udf_agent.session import Compute, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.table import BatchMicroBatch, StreamMicroBatch
 
-from kapacitor import option
+from udf_agent.testing import option
 
 # ---- a tiny in-memory Kapacitor ----
 

@@ -23,7 +23,7 @@ from udf_agent.agent import AgentConfig
 from udf_agent.builtins import mirror, moving_avg
 from udf_agent.snapshot import SnapshotError, dump_snapshot, load_snapshot
 
-from kapacitor import InProcessAgent, option
+from udf_agent.testing import InProcessAgent, option
 
 pytestmark = pytest.mark.spark
 

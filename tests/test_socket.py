@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from kapacitor import SocketDriver, option
+from udf_agent.testing import SocketDriver, option
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_frame
 
@@ -559,11 +559,6 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="UnixSocketServer.serve_forever re-raises any OSError from accept(): EMFILE (too many "
-    "open files) ends the whole server, closing every open session and removing the socket",
-)
 def test_running_out_of_file_descriptors_does_not_end_the_server(servers, drivers, sock_dir):
     path = os.path.join(sock_dir, "fds.sock")
     server = servers.start(path, preexec_fn=_low_fd_limit)

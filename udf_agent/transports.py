@@ -18,6 +18,8 @@ from udf_agent.agent import Agent
 
 log = logging.getLogger(__name__)
 
+_TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -140,7 +142,13 @@ class UnixSocketServer:
                 except OSError as exc:
                     if self._stopping.is_set():
                         break
-                    raise
+                    if exc.errno not in _TRANSIENT_ACCEPT_ERRORS:
+                        raise
+                    # Out of descriptors or memory for now: the connection stays
+                    # queued and is accepted once open sessions free some.
+                    log.warning("cannot accept a connection yet: %s", exc.strerror)
+                    self._stopping.wait(0.1)
+                    continue
                 conn.settimeout(None)
                 thread = threading.Thread(target=self._serve_connection, args=(conn,), name="session", daemon=True)
                 with self._lock:
