@@ -23,3 +23,19 @@ def engines(spark_engine):
     from udf_agent.engine import Engines
 
     return Engines(lambda: spark_engine)
+
+
+_MEASURED: list[str] = []
+
+
+@pytest.fixture
+def report():
+    """Records a measured figure; all of them are printed in pytest's closing summary."""
+    return _MEASURED.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _MEASURED:
+        terminalreporter.section("measured")
+        for line in _MEASURED:
+            terminalreporter.write_line(line)

@@ -62,7 +62,7 @@ class Keepalives:
         self._thread.join()
 
 
-def assert_keepalives_answered(driver, label, limit=1.0):
+def assert_keepalives_answered(driver, label, report, limit=1.0):
     # Every request had its answer, each within Kapacitor-safe time.
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(l == float("inf") for l in driver.keepalive_latencies()):
@@ -71,7 +71,7 @@ def assert_keepalives_answered(driver, label, limit=1.0):
     assert latencies, "no keepalives were sent"
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    print(f"\n{label}: {len(latencies)} keepalives, p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
+    report(f"keepalive answers {label}: {len(latencies)} sent every 100 ms, p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms")
     assert latencies[-1] <= limit, f"slowest keepalive answer took {latencies[-1]:.3f} s"
 
 
@@ -89,7 +89,7 @@ def drivers():
         driver.kill()
 
 
-def test_info_is_answered_within_a_second_of_process_start(drivers):
+def test_info_is_answered_within_a_second_of_process_start(drivers, report):
     timings = []
     for _ in range(3):
         driver = drivers("run", "moving_avg")
@@ -104,11 +104,11 @@ def test_info_is_answered_within_a_second_of_process_start(drivers):
         assert driver.close(timeout=10) == 0
         # Info alone never starts Spark.
         assert "starting Spark" not in driver.log()
-    print(f"\nInfo answered {', '.join(f'{t * 1000:.0f} ms' for t in timings)} after process start")
+    report(f"Info answered {', '.join(f'{t * 1000:.0f} ms' for t in timings)} after process start")
     assert min(timings) < 1.0
 
 
-def test_moving_avg_reference_with_keepalives_during_spark_start(drivers):
+def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report):
     driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "100ms")
     with Keepalives(driver):
         assert driver.info().wants == udf_pb2.STREAM
@@ -117,7 +117,7 @@ def test_moving_avg_reference_with_keepalives_during_spark_start(drivers):
         reference_points(driver)
         points = driver.responses.wait_for("point", 24, timeout=180)
     assert driver.close() == 0, driver.log()
-    assert_keepalives_answered(driver, "during Spark start-up")
+    assert_keepalives_answered(driver, "during Spark start-up", report)
 
     by_group = {}
     for point in points:
@@ -135,7 +135,7 @@ def test_moving_avg_reference_with_keepalives_during_spark_start(drivers):
         assert not at_10.fieldsInt and not at_10.fieldsString and not at_10.fieldsBool
 
 
-def test_keepalives_are_answered_during_a_slow_micro_batch(drivers):
+def test_keepalives_are_answered_during_a_slow_micro_batch(drivers, report):
     driver = drivers("run", "tests.udfs.sample:sleepy", "--master", "local[2]", "--flush-interval", "50ms", cwd=ROOT)
     with Keepalives(driver):
         assert driver.init(option("seconds", 5.0)).success
@@ -148,7 +148,7 @@ def test_keepalives_are_answered_during_a_slow_micro_batch(drivers):
     assert first[0].fieldsDouble["x"] == 1.0
     assert slow_batch >= 5.0
     assert driver.close() == 0, driver.log()
-    assert_keepalives_answered(driver, "during Spark start-up and a 5 s micro-batch")
+    assert_keepalives_answered(driver, "during Spark start-up and a 5 s micro-batch", report)
     # The worker's print reached stderr, and stdout held nothing but frames.
     assert "sleepy: about to sleep" in driver.log()
     assert "sample UDF module imported" in driver.log()
@@ -171,7 +171,7 @@ def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
         assert line in log
 
 
-def test_eof_mid_stream_loses_no_accepted_point(drivers):
+def test_eof_mid_stream_loses_no_accepted_point(drivers, report):
     # EOF arrives while Spark is still starting and with a micro-batch open.
     driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--max-batch-points", "700")
     assert driver.init(option("field", "v"), option("size", 3)).success
@@ -181,7 +181,7 @@ def test_eof_mid_stream_loses_no_accepted_point(drivers):
     assert driver.close() == 0, driver.log()
     points = driver.responses.of("point")
     assert len(points) == 2_000
-    print(f"\nall 2000 points out {time.monotonic() - started:.1f} s after stdin closed")
+    report(f"EOF during Spark start-up: all 2000 points out {time.monotonic() - started:.1f} s after stdin closed")
     last = {}
     for point in points:
         group = point.tags["g"]
@@ -244,3 +244,21 @@ def test_a_failing_udf_reports_the_group_and_the_exception(drivers):
     assert "failing" in error and "host=a" in error and "ValueError: boom in the UDF" in error
     assert driver.process.wait(60) == 1
     assert "Traceback" in driver.log()
+
+
+def test_keepalives_are_answered_while_the_udf_module_imports(drivers, report):
+    driver = drivers("run", "tests.udfs.slow_import:echo", cwd=ROOT)
+    with Keepalives(driver):
+        driver.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        time.sleep(1.0)
+        # The module is still importing: keepalives are answered, Info waits for it.
+        assert len(driver.responses.of("keepalive")) >= 5
+        assert driver.responses.of("info") == []
+        info = driver.responses.wait_for("info", timeout=30)[0]
+        assert driver.init().success
+        driver.point(time=3, name="m", fieldsDouble={"x": 1.0})
+        driver.responses.wait_for("point", timeout=30)
+    assert info.wants == udf_pb2.STREAM
+    assert driver.close(timeout=30) == 0
+    # The first request can only be answered once the interpreter is up (~0.1 s).
+    assert_keepalives_answered(driver, "while the UDF module imports for 2 s", report, limit=0.5)

@@ -122,36 +122,64 @@ class UDFError(RuntimeError):
 
 
 class Agent:
-    def __init__(self, spec: UDFSpec, connection: Connection, engines: Engines, config: AgentConfig | None = None):
-        self.spec = spec
+    """Serves one connection. ``spec`` may come later (``run(spec)``): the reader
+    can start first and answer keepalives while the UDF's module imports."""
+
+    def __init__(self, spec: UDFSpec | None, connection: Connection, engines: Engines, config: AgentConfig | None = None):
         self.config = config or AgentConfig()
         self.connection = connection
         self.engines = engines
-        self.session = Session(spec, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval)
+        self.spec: UDFSpec | None = None
+        self.session: Session | None = None
         # Guards the session and the work queue: one order for everything computed.
         self._cond = threading.Condition()
         self._work: deque[Any] = deque()
+        # Requests that arrived before the spec was known, replayed once it is.
+        self._early: list[udf_pb2.Request] = []
         self.writer = Writer(connection)
+        self._reader: threading.Thread | None = None
         self._options: Any = None
         self._job: Any = None
         self._groups: dict[str, tuple[bytes | None, str | None]] = {}
         self._stop_reading = threading.Event()
         self._compute_done = threading.Event()
         self.exit_code = 0
+        if spec is not None:
+            self._adopt(spec)
 
     # ---- entry point ----
 
-    def run(self) -> int:
+    def start_reading(self) -> None:
+        """Starts the reader now; until the spec arrives it answers keepalives only."""
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
+            self._reader.start()
+
+    def run(self, spec: UDFSpec | None = None) -> int:
         """Serves the connection until Kapacitor closes it; returns the exit code."""
+        if spec is not None:
+            self._adopt(spec)
+        if self.session is None:
+            raise ValueError("Agent.run needs the UDF spec")
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
-        reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
-        reader.start()
+        self.start_reading()
         compute.join()
         self.writer.join()
         if self.writer.broken is not None and self.exit_code == 0:
             self.exit_code = 1
         return self.exit_code
+
+    def _adopt(self, spec: UDFSpec) -> None:
+        with self._cond:
+            self.spec = spec
+            self.session = Session(spec, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval)
+            early, self._early = self._early, []
+            now = time.monotonic()
+            for request in early:
+                if not self._dispatch(self.session.receive(request, now)):
+                    break
+            self._cond.notify_all()
 
     def stop_reading(self) -> None:
         """Treats input as ended: what was accepted is computed and sent, then the agent ends."""
@@ -179,14 +207,15 @@ class Agent:
                     raise error
         except ProtocolError as exc:
             with self._cond:
-                if not self.session.failed:
-                    self._dispatch(self.session.fail(str(exc)))
+                session = self._session_ready()
+                if not session.failed:
+                    self._dispatch(session.fail(str(exc)))
             return
         except OSError as exc:
             if not self._stop_reading.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
         with self._cond:
-            self._dispatch(self.session.finish())
+            self._dispatch(self._session_ready().finish())
             self._work.append(_Finish())
             self._cond.notify_all()
 
@@ -197,9 +226,23 @@ class Agent:
             with self._cond:
                 now = time.monotonic()
                 for request in requests[start : start + 1024]:
-                    if not self._dispatch(self.session.receive(request, now)):
+                    if self.session is None:
+                        self._receive_early(request)
+                    elif not self._dispatch(self.session.receive(request, now)):
                         return False
         return True
+
+    def _receive_early(self, request: udf_pb2.Request) -> None:
+        if request.WhichOneof("message") == "keepalive":
+            self.writer.send(keepalive_frame(request.keepalive.time), urgent=True)
+        else:
+            self._early.append(request)
+
+    def _session_ready(self) -> Session:
+        """Waits (caller holds ``_cond``) until the spec is known."""
+        while self.session is None:
+            self._cond.wait()
+        return self.session
 
     def _dispatch(self, events: list[Event]) -> bool:
         """Acts on session events (caller holds ``_cond``); False once the session has failed.

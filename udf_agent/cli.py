@@ -108,10 +108,11 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
     configure_logging(log_level)
-    spec = _load(target)
     engines = _engines(master, confs)
-    agent = Agent(spec, connection, engines, _agent_config(flush_interval, max_batch_points, max_frame_size))
-    code = agent.run()
+    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_frame_size))
+    # Keepalives are answered while the UDF's module (often pandas and more) imports.
+    agent.start_reading()
+    code = agent.run(_load(target))
     _exit(code, engines)
 
 
