@@ -18,7 +18,8 @@ import sys
 import threading
 import time
 
-from udf_agent.testing import KapacitorDriver, option
+from udf_agent import udf_pb2
+from udf_agent.testing import KapacitorDriver, option, reference_stream
 
 SECOND = 1_000_000_000
 TUKEY_VALUES = [5, 6, 7, 13, 33, 35, 36, 45, 46, 47, 48, 50, 51, 52, 53, 54, 80, 85, 90, 100]
@@ -42,13 +43,8 @@ def moving_average_demo() -> bool:
     info = driver.info()
     print(f"   Info answered after {(time.monotonic() - driver.started) * 1000:.0f} ms: options {sorted(info.options)}")
     assert driver.init(option("field", "value"), option("size", 10), option("as", "mean")).success
-    for t in range(12):
-        for group, value in (("a", 1.0), ("b", 2.0)):
-            if t == 10:
-                value = 0.0 if group == "a" else 1.0
-            elif t == 11:
-                value = 0.0
-            driver.point(time=t * SECOND, name="cpu", group=f"group={group}", dimensions=["group"], tags={"group": group}, fieldsDouble={"value": value})
+    for point in reference_stream():
+        driver.send(udf_pb2.Request(point=point))
     points = driver.responses.wait_for("point", 24, timeout=300)
     print(f"   24 results after {time.monotonic() - started:.1f} s (embedded Spark started meanwhile)")
     stop.set()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from udf_agent.testing import KapacitorDriver, option
+from udf_agent.testing import KapacitorDriver, option, reference_stream
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder
 
@@ -18,23 +18,8 @@ SECOND = 1_000_000_000
 
 
 def reference_points(driver):
-    """Kapacitor's own moving-average test data: groups a and b, t = 0..11 s."""
-    for t in range(12):
-        for group, value in (("a", 1.0), ("b", 2.0)):
-            if t == 10:
-                value = 0.0 if group == "a" else 1.0
-            elif t == 11:
-                value = 0.0
-            driver.point(
-                time=t * SECOND,
-                name="cpu",
-                database="telegraf",
-                retentionPolicy="autogen",
-                group=f"group={group}",
-                dimensions=["group"],
-                tags={"group": group, "host": "h1"},
-                fieldsDouble={"value": value},
-            )
+    for point in reference_stream(database="telegraf", retentionPolicy="autogen", tags={"host": "h1"}):
+        driver.send(udf_pb2.Request(point=point))
 
 
 class Keepalives:

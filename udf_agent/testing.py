@@ -278,3 +278,31 @@ class InProcessAgent:
         self.driver.close(timeout)
         self._thread.join(timeout)
         return self.exit_code
+
+
+def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
+    """Kapacitor's own moving-average test stream, grouped by tag ``group``.
+
+    Groups a and b carry 1 and 2 at t = 0..9 s, then a=0, b=1 at 10 s and
+    0, 0 at 11 s. A 10-point moving average gives a -> 0.9, b -> 1.9 at 10 s.
+    ``extra`` sets more Point fields (``tags`` are merged).
+    """
+    extra_tags = extra.pop("tags", {})
+    points = []
+    for t in range(12):
+        for group, value in (("a", 1.0), ("b", 2.0)):
+            if t == 10:
+                value = 0.0 if group == "a" else 1.0
+            elif t == 11:
+                value = 0.0
+            point = udf_pb2.Point(
+                time=t * 1_000_000_000,
+                name="cpu",
+                group=f"group={group}",
+                dimensions=["group"],
+                tags={"group": group, **extra_tags},
+                fieldsDouble={"value": value},
+                **extra,
+            )
+            points.append(point)
+    return points
