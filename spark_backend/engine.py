@@ -93,11 +93,6 @@ class SparkEngine:
         if self._ready.is_set() and self._session is not None and self._error is None:
             self._session.stop()
 
-    @property
-    def session(self) -> Any:
-        self.wait_ready()
-        return self._session
-
     def _start_session(self) -> None:
         try:
             self._session = build_session(self.settings)

@@ -103,3 +103,10 @@ def test_bad_durations_and_conf_are_usage_errors(runner):
         result = runner.invoke(main, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output
+
+
+def test_kapacitor_conf_prints_defaults_as_tickscript_literals(runner, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = runner.invoke(main, ["info", "tests.udfs.sample:tick_defaults", "--kapacitor-conf", "t"])
+    assert result.exit_code == 0, result.output
+    assert "@t().every(5s).tiny(0.0000001).pair(2, 1500ms)" in result.output

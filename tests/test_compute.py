@@ -2,6 +2,7 @@
 
 import json
 import random
+import time
 
 import numpy as np
 import pandas as pd
@@ -58,6 +59,8 @@ def rich_points(count=60):
             del point.fieldsDouble["d"]
         if i % 7 == 0:
             point.fieldsInt["only_some"] = i
+        if i % 11 == 0:
+            point.fieldsInt["time"] = -i  # a field may be called "time"
         points.append(point)
     return points
 
@@ -66,7 +69,7 @@ def test_spark_and_pandas_give_identical_results(spark_engine):
     points = rich_points()
     for spec, options, window in (
         (sample.passthrough, {}, None),
-        (moving_avg, {"field": "d", "size": 4, "as": "avg"}, {"rows": 3}),
+        (moving_avg, {"field": "i", "size": 4, "as": "avg"}, {"rows": 3}),
     ):
         job = Job(spec, options)
         tasks = stream_tasks(points, window)
@@ -249,3 +252,81 @@ def test_tag_named_like_a_field_is_shown_with_a_prefix():
     assert list(frame.columns) == ["time", "host", "tag:x", "x"]
     assert frame["time"][0] == pd.Timestamp(5, unit="ns", tz="UTC")
     assert layout.tag_columns == {"tag:x": "x", "host": "host"}
+
+
+def test_moving_avg_of_extreme_values_does_not_depend_on_boundaries(engines):
+    # Huge values leaving the window would leave rounding residue in a running sum.
+    values = [1e15, 0.01437, -1e15, 0.08309, 0.0004543, 3e14, 0.5, 0.25, -3e14, 0.125, 0.0625, 0.03125] * 3
+    size = 3
+
+    def feed(driver):
+        for t, value in enumerate(values):
+            driver.point(time=t, name="m", fieldsDouble={"v": value})
+
+    results = []
+    for max_batch_points in (1, 4, 1000):
+        harness, driver = run_agent(
+            moving_avg, engines, (option("field", "v"), option("size", size)), AgentConfig(flush_interval=0.01, max_batch_points=max_batch_points), feed
+        )
+        points = driver.responses.wait_for("point", len(values), timeout=300)
+        assert harness.finish() == 0
+        results.append([p.fieldsDouble["avg"] for p in points])
+    expected = [sum(values[max(0, i - size + 1) : i + 1]) / len(values[max(0, i - size + 1) : i + 1]) for i in range(len(values))]
+    assert results[0] == results[1] == results[2]
+    for got, want in zip(results[0], expected):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * max(1.0, abs(want)))
+
+
+def test_new_rows_from_a_fresh_frame_are_emitted_not_taken_for_history(engines):
+    def feed(driver):
+        for t in range(6):
+            driver.point(time=t * 10, name="m", tags={"host": "a"}, fieldsDouble={"value": float(t)})
+
+    harness, driver = run_agent(sample.window_total, engines, (), AgentConfig(flush_interval=0.01, max_batch_points=2), feed)
+    points = driver.responses.wait_for("point", 3, timeout=300)
+    assert harness.finish() == 0
+    # One point per micro-batch of two, each the total of the last three values.
+    assert [(p.time, p.fieldsDouble["total"]) for p in points] == [(10, 1.0), (30, 6.0), (50, 12.0)]
+    assert all(dict(p.tags) == {} and p.name == "m" for p in points)
+
+
+def test_a_udf_calling_sys_exit_fails_the_task_instead_of_hanging(engines):
+    def feed(driver):
+        driver.point(time=1, name="m", fieldsDouble={"v": 1.0})
+
+    harness, driver = run_agent(sample.exits, engines, (), None, feed)
+    (error,) = driver.responses.wait_for("error", 1, timeout=30)
+    assert "SystemExit" in error.error
+    assert harness.finish(timeout=30) == 1
+
+
+def test_keepalives_are_read_and_answered_while_micro_batches_wait_within_budget(engines):
+    harness = InProcessAgent(sample.sleepy, engines, AgentConfig(flush_interval=0.01, max_batch_points=1))
+    driver = harness.driver
+    assert driver.init(option("seconds", 0.5)).success
+    for t in range(6):
+        driver.point(time=t, name="m", fieldsDouble={"x": float(t)})
+    for stamp in range(1, 21):
+        driver.keepalive(stamp)
+        time.sleep(0.1)
+    driver.responses.wait_for("point", 6, timeout=120)
+    assert harness.finish() == 0
+    latencies = driver.keepalive_latencies()
+    assert max(latencies) < 0.5, latencies
+
+
+def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
+    harness = InProcessAgent(sample.sleepy, engines, AgentConfig(flush_interval=0.01, max_batch_points=1, max_pending_points=2))
+    driver = harness.driver
+    assert driver.init(option("seconds", 0.5)).success
+    for t in range(8):
+        driver.point(time=t, name="m", fieldsDouble={"x": float(t)})
+    time.sleep(0.3)  # the reader has read the points and stopped reading
+    driver.keepalive(4242)
+    driver.responses.wait_for("point", 8, timeout=120)
+    assert harness.finish() == 0
+    stamps = [k.time for k in driver.responses.of("keepalive")]
+    # Kapacitor's own request was answered once read, and unasked heartbeats kept its watchdog fed before that.
+    assert 4242 in stamps
+    heartbeats = stamps[: stamps.index(4242)]
+    assert len(heartbeats) >= 3 and all(s > 10**18 for s in heartbeats)

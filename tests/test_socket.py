@@ -485,6 +485,28 @@ def test_signal_finishes_open_session_and_removes_socket(servers, sock_dir, sign
         client.close()
 
 
+def test_stop_while_kapacitor_is_between_a_length_and_its_body(servers, sock_dir):
+    # Kapacitor writes a frame's length and body separately: a stop can fall between them.
+    path = os.path.join(sock_dir, "split.sock")
+    server = servers.start(path, "mirror", "--flush-interval", "60s")
+    client = RawClient(path)
+    try:
+        client.send(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t", nodeID="mirror1")))
+        client.read_until(lambda: client.of("init"), timeout=30)
+        point = make_point(4, 0)
+        client.send(udf_pb2.Request(point=point))
+        client.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=77)))
+        client.read_until(lambda: client.of("keepalive"), timeout=30)
+        client.sock.sendall(encode_frame(udf_pb2.Request(point=point))[:1])
+        server.process.send_signal(signal.SIGTERM)
+        client.read_to_eof(timeout=60)
+        assert not client.of("error"), [e.error for e in client.of("error")]
+        assert_same_points(client.of("point"), [point], "split frame")
+        assert server.wait(30) == 0, server.log()
+    finally:
+        client.close()
+
+
 # ---------------------------------------------------------------- bad input
 
 

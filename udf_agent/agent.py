@@ -35,7 +35,9 @@ class AgentConfig:
     max_batch_points: int = 50_000
     flush_interval: float = 0.5
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_pending_batches: int = 4
+    # Points accepted but not yet computed before the reader stops reading:
+    # enough to ride out Spark's start-up and slow micro-batches at full rate.
+    max_pending_points: int = 500_000
 
 
 class Connection(Protocol):
@@ -189,12 +191,23 @@ class Agent:
     # ---- reader ----
 
     def _read_loop(self) -> None:
+        try:
+            self._read()
+        except BaseException as exc:  # a dead reader would leave the task hanging
+            log.exception("internal error in the reader")
+            with self._cond:
+                self._work.append(_Finish(f"udf-agent internal error: {type(exc).__name__}: {exc}"))
+                self._cond.notify_all()
+
+    def _read(self) -> None:
         decoder = FrameDecoder(udf_pb2.Request, max_frame_size=self.config.max_frame_size)
         try:
             while not self._stop_reading.is_set():
                 data = self.connection.read(READ_SIZE)
                 if not data:
-                    decoder.close()
+                    # A read side we shut down ourselves is no truncated input.
+                    if not self._stop_reading.is_set():
+                        decoder.close()
                     break
                 try:
                     requests, error = decoder.feed(data), None
@@ -268,11 +281,16 @@ class Agent:
         return alive
 
     def _wait_for_room(self) -> None:
-        # Not reading is the backpressure; heartbeats keep Kapacitor's watchdog fed meanwhile.
+        # Past the budget of waiting points, not reading is the backpressure:
+        # Kapacitor's writes block, and heartbeats keep its watchdog fed meanwhile.
         with self._cond:
-            while len(self._work) >= self.config.max_pending_batches and not self._compute_done.is_set():
+            while self._points_waiting() >= self.config.max_pending_points and not self._compute_done.is_set():
                 if not self._cond.wait(HEARTBEAT_INTERVAL):
                     self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
+
+    def _points_waiting(self) -> int:
+        queued = sum(item.batch.count for item in self._work if isinstance(item, Compute))
+        return queued + (self.session.pending_points() if self.session is not None else 0)
 
     def _start(self, event: Started) -> None:
         self._options = event.options
@@ -295,7 +313,7 @@ class Agent:
                     self._restore(item.snapshot)
         except UDFError as exc:
             self._finish(str(exc))
-        except Exception as exc:
+        except BaseException as exc:  # even SystemExit from a UDF must end the task, not hang it
             log.exception("internal error")
             self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
 

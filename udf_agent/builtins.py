@@ -32,15 +32,21 @@ def mirror(df: Any, ctx: Context) -> Any:
 )
 def moving_avg(df: Any, ctx: Context) -> Any:
     """Per group, the mean of the last `size` values of `field`, for every point."""
+    import numpy as np
     import pandas as pd
 
     options = ctx.options
-    values = pd.to_numeric(df[options["field"]], errors="raise").astype("float64") if options["field"] in df else None
-    if values is None:
-        raise KeyError(f"field {options['field']!r} is missing from group {ctx.group!r}")
-    result = pd.DataFrame(index=df.index)
-    result[options["as"]] = values.rolling(options["size"], min_periods=1).mean()
-    return result
+    field, size = options["field"], options["size"]
+    if field not in df or df[field].isna().any():
+        raise KeyError(f"every point needs the numeric field {field!r}; some in group {ctx.group!r} lack it")
+    values = pd.to_numeric(df[field], errors="raise").to_numpy(dtype="float64")
+    # Each window is summed on its own, never as a running sum: the result of a
+    # point cannot depend on what came before its window, so it is the same
+    # whatever the micro-batch boundaries.
+    padded = np.concatenate([np.zeros(size - 1), values])
+    sums = np.lib.stride_tricks.sliding_window_view(padded, size).sum(axis=1)
+    counts = np.minimum(np.arange(1, len(values) + 1), size)
+    return pd.DataFrame({options["as"]: sums / counts}, index=df.index)
 
 
 @batch_udf(

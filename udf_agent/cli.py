@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ from typing import Any
 
 import click
 
-from udf_agent import __version__
+from udf_agent import __version__, udf_pb2
 from udf_agent.options import Option
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
@@ -54,6 +55,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
+        click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
     ]
@@ -84,10 +86,15 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
     return Engines(make_spark)
 
 
-def _agent_config(flush_interval: float, max_batch_points: int, max_frame_size: int) -> Any:
+def _agent_config(flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int) -> Any:
     from udf_agent.agent import AgentConfig
 
-    return AgentConfig(max_batch_points=max_batch_points, flush_interval=flush_interval, max_frame_size=max_frame_size)
+    return AgentConfig(
+        max_batch_points=max_batch_points,
+        flush_interval=flush_interval,
+        max_pending_points=max_pending_points,
+        max_frame_size=max_frame_size,
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,7 +106,7 @@ def main() -> None:
 @main.command()
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_frame_size: int, log_level: str) -> None:
+def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, log_level: str) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -109,7 +116,7 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
     connection = claim_stdio()
     configure_logging(log_level)
     engines = _engines(master, confs)
-    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_frame_size))
+    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size))
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
     code = agent.run(_load(target))
@@ -121,7 +128,7 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_frame_size: int, log_level: str) -> None:
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, log_level: str) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -136,7 +143,7 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
     configure_logging(log_level)
     spec = _load(target)
     engines = _engines(master, confs)
-    config = _agent_config(flush_interval, max_batch_points, max_frame_size)
+    config = _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size)
     server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode)
     try:
         server.bind()
@@ -195,11 +202,22 @@ def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
         '  timeout = "10s"',
     ]
     if target not in builtin_specs():
-        lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{os.getcwd()}"']
+        lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{_import_root(target)}"']
     call = "".join(f".{o.name}({_tick_example(o)})" for o in spec.options if not o.multiple)
     source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
+
+
+def _import_root(target: str) -> str:
+    """The directory Kapacitor's PYTHONPATH needs for TARGET's module to import."""
+    module_name = target.partition(":")[0]
+    path = os.path.abspath(sys.modules[module_name].__file__ or os.curdir)
+    if os.path.basename(path) == "__init__.py":
+        path = os.path.dirname(path)
+    for _ in module_name.split("."):
+        path = os.path.dirname(path)
+    return path
 
 
 def _agent_command() -> tuple[str, list[str]]:
@@ -218,18 +236,40 @@ def _tick_example(option: Option) -> str:
         return _tick_value(option.default_value(), option)
     if option.example is not None:
         return _tick_value(option.example, option)
-    samples = {0: "TRUE", 1: "1", 2: "1.0", 3: "'value'", 4: "1s"}
+    samples = {udf_pb2.BOOL: "TRUE", udf_pb2.INT: "1", udf_pb2.DOUBLE: "1.0", udf_pb2.STRING: "'value'", udf_pb2.DURATION: "1s"}
     return ", ".join(samples[t] for t in option.value_types)
 
 
 def _tick_value(value: Any, option: Option) -> str:
+    """An option's value as TICKscript arguments."""
+    if isinstance(value, tuple):
+        return ", ".join(_tick_literal(v, t) for v, t in zip(value, option.value_types))
+    return _tick_literal(value, option.value_types[0])
+
+
+def _tick_literal(value: Any, wire_type: int) -> str:
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
     if isinstance(value, str):
         return "'" + value.replace("'", "\\'") + "'"
-    if isinstance(value, int) and option.value_types == (4,):
-        return f"{value}ns"
+    if isinstance(value, datetime.timedelta):
+        return _tick_duration(int(getattr(value, "value", value // datetime.timedelta(microseconds=1) * 1000)))
+    if isinstance(value, int) and wire_type == udf_pb2.DURATION:
+        return _tick_duration(value)
+    if isinstance(value, float):
+        text = repr(value)
+        return text if "e" not in text else f"{value:.20f}".rstrip("0")
     return repr(value)
+
+
+_TICK_UNITS = (("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000), ("u", 1_000))
+
+
+def _tick_duration(ns: int) -> str:
+    for unit, size in _TICK_UNITS:
+        if ns and ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
 
 
 def _exit(code: int, engines: Any) -> None:

@@ -33,6 +33,9 @@ RESULT_DDL = "seq long, key string, output binary, history binary, state string,
 
 TIME_COLUMN = "time"
 TAG_COLUMN_PREFIX = "tag:"
+FIELD_COLUMN_PREFIX = "field:"
+# The index name that marks a result's rows as input rows (see output_points).
+INPUT_ROW = "input_row"
 
 
 @dataclass
@@ -200,7 +203,8 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
     """``time`` (UTC timestamps), one column per tag, one per field.
 
     A tag that shares its name with a field (or with ``time``) is shown as
-    ``tag:NAME``. A field sent with different types in one frame becomes one
+    ``tag:NAME``, a field called ``time`` as ``field:time``. The index, named
+    ``input_row``, numbers the rows. A field sent with different types in one frame becomes one
     object column holding each point's own value.
     """
     names = data.column_names
@@ -219,17 +223,19 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
         columns[user_name] = _to_pandas(data.column(name))
         layout.tag_columns[user_name] = key
     for key, sources in sorted(field_kinds.items()):
+        # A field may be called "time" (Kapacitor allows it); the time column keeps the name.
+        column = FIELD_COLUMN_PREFIX + key if key == TIME_COLUMN else key
         if len(sources) == 1:
-            columns[key] = _to_pandas(data.column(sources[0]))
+            columns[column] = _to_pandas(data.column(sources[0]))
         else:
             merged = [None] * data.num_rows
             for source in sources:
                 for row, value in enumerate(data.column(source).to_pylist()):
                     if value is not None and merged[row] is None:
                         merged[row] = value
-            columns[key] = pd.Series(merged, dtype=object)
+            columns[column] = pd.Series(merged, dtype=object)
     frame = pd.DataFrame(columns)
-    frame.index = pd.RangeIndex(data.num_rows)
+    frame.index = pd.RangeIndex(data.num_rows, name=INPUT_ROW)
     return frame, layout
 
 
@@ -254,17 +260,17 @@ def output_points(
 ) -> list[udf_pb2.Point]:
     """Turns a UDF's result into points.
 
-    Rows whose index labels name input rows carry that row's time, metadata
-    and tags; results for history rows (labels below ``first_row``) are
-    dropped. Rows with other labels must carry a ``time`` column and take the
-    group's metadata. Columns that were tags, or are named ``tag:KEY``, are
+    Rows of a result whose index is still ``input_row`` carry that input row's
+    time, metadata and tags; results for history rows (labels below
+    ``first_row``) are dropped. Any other result is new rows: it must carry a
+    ``time`` column and takes the group's metadata and tags. Columns that were tags, or are named ``tag:KEY``, are
     tags; ``time`` is the time; every other column is a field.
     """
     if result is None:
         return []
     if not isinstance(result, pd.DataFrame):
         raise TypeError(f"the UDF must return a pandas DataFrame or None, got {type(result).__name__}")
-    if result.empty:
+    if len(result) == 0:
         return []
     source = _source_rows(result, data.num_rows)
     if source is not None:
@@ -308,13 +314,14 @@ def output_points(
         key = layout.tag_columns.get(column)
         if key is None and isinstance(column, str) and column.startswith(TAG_COLUMN_PREFIX):
             key = column[len(TAG_COLUMN_PREFIX) :]
+        name = TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else str(column)
         values = result[column]
         if key is not None:
             override = [None if _missing(v) else str(v) for v in values.tolist()]
             base = tag_values.get(key, [None] * count)
             tag_values[key] = [o if o is not None else b for o, b in zip(override, base)]
         else:
-            fields.append((str(column), _field_kind(column, values), values.tolist()))
+            fields.append((name, _field_kind(column, values), values.tolist()))
 
     points = []
     for i in range(count):
@@ -336,13 +343,22 @@ def output_points(
 
 
 def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:
+    """The input rows a result's rows stand for, or None for a result of new rows.
+
+    Only an index still named ``input_row`` (kept by selections, ``assign``,
+    ``DataFrame(index=df.index)``...) counts: a fresh ``pd.DataFrame({...})``
+    numbered 0..k-1 is new rows, never mistaken for the first input rows.
+    """
     index = result.index
-    if not pd.api.types.is_integer_dtype(index.dtype) or input_rows == 0:
+    if index.name != INPUT_ROW:
         return None
-    labels = index.to_numpy(dtype=np.int64)
-    if labels.min() < 0 or labels.max() >= input_rows:
-        return None
-    return labels
+    labels = index.to_numpy()
+    if not pd.api.types.is_integer_dtype(labels.dtype) or (len(labels) and (labels.min() < 0 or labels.max() >= input_rows)):
+        raise ValueError(
+            f"the result's index is named {INPUT_ROW!r} but holds labels that are not input rows "
+            f"(0..{input_rows - 1}); keep the input's index, or build new rows with a 'time' column and a fresh index"
+        )
+    return labels.astype(np.int64)
 
 
 def _times(series: pd.Series) -> np.ndarray:

@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 class Engine(Protocol):
     def start(self) -> None: ...
 
-    def wait_ready(self) -> None: ...
-
     def run(self, job: Any, tasks: Any) -> Any: ...
 
     def stop(self) -> None: ...
@@ -32,9 +30,6 @@ class LocalEngine:
     """Runs tasks in this process; for UDFs that compute nothing (such as mirror)."""
 
     def start(self) -> None:
-        pass
-
-    def wait_ready(self) -> None:
         pass
 
     def run(self, job: Any, tasks: Any) -> Any:

@@ -108,6 +108,11 @@ class Session:
             options=option_info(self.spec.options),
         )
 
+    def pending_points(self) -> int:
+        """Points accepted into the open micro-batch or the open Kapacitor batch."""
+        pending = self._pending.count if self._pending is not None else 0
+        return pending + (self._open_batch.rows.count if self._open_batch is not None else 0)
+
     def deadline(self) -> float | None:
         """When the open micro-batch must be computed, at the latest."""
         return None if self._pending is None else self._pending.opened_at + self.flush_interval

@@ -83,3 +83,25 @@ class Scale(UDF):
 
 
 not_a_udf = 42
+
+
+@stream_udf(history=2)
+def window_total(df, ctx):
+    """One new point per call: the total of `value` over the last three rows (history included)."""
+    return pd.DataFrame({"time": [df["time"].iloc[-1]], "total": [float(df["value"].tail(3).sum())]})
+
+
+@stream_udf(compute=False)
+def exits(df, ctx):
+    sys.exit(3)
+
+
+@stream_udf(
+    options=[
+        Option("every", Duration, default=pd.Timedelta(seconds=5)),
+        Option("tiny", float, default=1e-7),
+        Option("pair", [int, Duration], default=(2, 1_500_000_000)),
+    ]
+)
+def tick_defaults(df, ctx):
+    return df
