@@ -549,3 +549,16 @@ def test_messages_before_bad_bytes_in_the_same_chunk_are_kept():
     with pytest.raises(ProtocolError) as caught:
         decoder.feed(data)
     assert caught.value.decoded == good
+
+
+def test_point_frames_equal_what_protobuf_makes():
+    from udf_agent.guard import encode_points
+
+    points = [
+        udf_pb2.Point(),
+        udf_pb2.Point(time=1, name="cpu", tags={"host": "a" * 300}, fieldsDouble={"v": 1.5}, fieldsBool={"b": True}),
+        udf_pb2.Point(time=-5, fieldsString={"s": "x" * 20_000}, dimensions=["host"]),
+    ]
+    data = encode_points(points)
+    assert FrameDecoder(udf_pb2.Response).feed(data) == [udf_pb2.Response(point=p) for p in points]
+    assert data == b"".join(encode_frame(udf_pb2.Response(point=p)) for p in points)

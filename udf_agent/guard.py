@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Iterable
 
 from udf_agent import udf_pb2
-from udf_agent.codec import encode_frame
+from udf_agent.codec import encode_frame, encode_varint
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,24 @@ class OutputGuard:
         return encode_frame(response)
 
 
+# Response.point is field 17, length-delimited: its key is the varint (17 << 3) | 2.
+_POINT_KEY = encode_varint((17 << 3) | 2)
+
+
 def encode_points(points: Iterable[udf_pb2.Point]) -> bytes:
-    """Frames for stream output points (sent with no batch open)."""
-    return b"".join(encode_frame(udf_pb2.Response(point=point)) for point in points)
+    """Frames for output points, each a Response whose only field is the point.
+
+    The envelope is written around the point's own bytes: wrapping each point
+    in a Response message would copy it first, and this is the output hot path.
+    """
+    frames = []
+    for point in points:
+        body = point.SerializeToString()
+        envelope = _POINT_KEY + encode_varint(len(body))
+        frames.append(encode_varint(len(envelope) + len(body)))
+        frames.append(envelope)
+        frames.append(body)
+    return b"".join(frames)
 
 
 def encode_batch(
