@@ -125,8 +125,22 @@ def build_session(settings: SparkSettings) -> Any:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _warm_workers(session)
     log.info("Spark %s ready (master %s)", session.version, settings.master)
     return session
+
+
+def _warm_workers(session: Any) -> None:
+    """Runs one tiny job so the first micro-batch does not pay for starting Python workers."""
+    parallelism = session.sparkContext.defaultParallelism
+    frame = session.createDataFrame(pd.DataFrame({"n": range(parallelism)}), schema="n long")
+    frame.mapInPandas(_import_compute, schema="n long").count()
+
+
+def _import_compute(frames: Any) -> Any:
+    import udf_agent.compute  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
+
+    yield from frames
 
 
 def _first_line(exc: BaseException) -> str:

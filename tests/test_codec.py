@@ -562,3 +562,41 @@ def test_point_frames_equal_what_protobuf_makes():
     data = encode_points(points)
     assert FrameDecoder(udf_pb2.Response).feed(data) == [udf_pb2.Response(point=p) for p in points]
     assert data == b"".join(encode_frame(udf_pb2.Response(point=p)) for p in points)
+
+
+def test_point_group_reads_the_group_without_parsing():
+    from udf_agent.codec import point_group
+
+    rng = random.Random(5)
+    for i in range(300):
+        point = udf_pb2.Point(
+            time=rng.randint(-(2**63), 2**63 - 1),
+            name=rng.choice(["", "cpu", "ü" * 70]),
+            group=rng.choice(["", "host=a", "cpu\nhost=b,region=ü", "g" * 200]),
+            dimensions=["host"] * rng.randint(0, 2),
+            tags={"host": "a"} if i % 2 else {},
+            fieldsDouble={"d": rng.random()} if i % 3 else {},
+            fieldsInt={"i": -1},
+            fieldsBool={"b": True},
+            byName=bool(i % 5),
+        )
+        assert point_group(point.SerializeToString()) == point.group
+
+
+def test_point_group_rejects_a_truncated_point():
+    from udf_agent.codec import point_group
+
+    data = udf_pb2.Point(name="cpu", group="host=a").SerializeToString()
+    with pytest.raises(ProtocolError):
+        point_group(data[:-2])
+
+
+def test_request_point_returns_the_point_bytes_of_a_point_only_request():
+    from udf_agent.codec import request_point
+
+    point = udf_pb2.Point(time=3, group="g", fieldsDouble={"v": 1.0})
+    body = udf_pb2.Request(point=point).SerializeToString()
+    assert udf_pb2.Point.FromString(request_point(body)) == point
+    assert request_point(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=1)).SerializeToString()) is None
+    # A point followed by another field is left to the full parser (the last field wins there).
+    assert request_point(body + udf_pb2.Request(info=udf_pb2.InfoRequest()).SerializeToString()) is None

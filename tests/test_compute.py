@@ -12,8 +12,8 @@ from udf_agent.testing import Duration, InProcessAgent, option
 from udf_agent import udf_pb2
 from udf_agent.agent import AgentConfig
 from udf_agent.builtins import moving_avg, outliers
-from udf_agent.codec import FrameDecoder
-from udf_agent.compute import TASK_COLUMNS, Job, table_to_ipc
+from udf_agent.codec import FrameDecoder, encode_frame
+from udf_agent.compute import TASK_COLUMNS, Job
 from udf_agent.engine import LocalEngine
 from udf_agent.table import KapacitorBatch, StreamMicroBatch
 from udfs import sample
@@ -30,9 +30,9 @@ def decode(output: bytes):
 def stream_tasks(points, window=None):
     batch = StreamMicroBatch(opened_at=0)
     for point in points:
-        batch.append(point)
+        batch.append(point.group, point.SerializeToString())
     meta = json.dumps({"history": window})
-    rows = [(seq, group, meta, table_to_ipc(rows.to_arrow()), None, None) for seq, (group, rows) in enumerate(batch.groups.items())]
+    rows = [(seq, group, meta, rows.encoded(), None, None) for seq, (group, rows) in enumerate(batch.groups.items())]
     return pd.DataFrame(rows, columns=list(TASK_COLUMNS))
 
 
@@ -209,9 +209,9 @@ def test_outliers_reference_batch(engines):
 def test_outliers_scale_is_applied():
     batch = KapacitorBatch(udf_pb2.BeginBatch(name="m"))
     for i, value in enumerate(TUKEY_VALUES):
-        batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}))
+        batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}).SerializeToString())
     meta = json.dumps({"name": "m", "tags": {}, "tmax": 1, "by_name": False})
-    tasks = pd.DataFrame([(0, "", meta, table_to_ipc(batch.rows.to_arrow()), None, None)], columns=list(TASK_COLUMNS))
+    tasks = pd.DataFrame([(0, "", meta, batch.rows.encoded(), None, None)], columns=list(TASK_COLUMNS))
     counts = []
     for scale in (1.0, 1.5, 3.0):
         (result,) = LocalEngine().run(Job(outliers, {"field": "value", "scale": scale}), tasks).itertuples()
@@ -243,11 +243,11 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
 
 
 def test_tag_named_like_a_field_is_shown_with_a_prefix():
-    from udf_agent.compute import ipc_to_table, user_frame
+    from udf_agent.compute import user_frame
+    from udf_agent.table import decode_points
 
-    rows = StreamMicroBatch(0)
-    rows.append(udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0}))
-    frame, layout = user_frame(ipc_to_table(table_to_ipc(rows.groups[""].to_arrow())))
+    point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
+    frame, layout = user_frame(decode_points(encode_frame(point)))
     # Tags, then fields, each sorted by name: the same layout whatever order points list them in.
     assert list(frame.columns) == ["time", "host", "tag:x", "x"]
     assert frame["time"][0] == pd.Timestamp(5, unit="ns", tz="UTC")

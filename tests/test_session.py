@@ -14,7 +14,7 @@ from udf_agent.builtins import mirror, moving_avg, outliers
 from udf_agent.codec import FrameDecoder
 from udf_agent.guard import OutputGuard
 from udf_agent.session import Compute, Fail, Restore, Send, Session, Started, TakeSnapshot
-from udf_agent.table import BatchMicroBatch, StreamMicroBatch
+from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
 
 from udf_agent.testing import option
 
@@ -314,7 +314,7 @@ def test_points_accepted_before_a_fail_are_computed_before_it():
     batch = events[0].batch
     assert isinstance(batch, StreamMicroBatch)
     assert batch.count == 3
-    assert {g: rows.time for g, rows in batch.groups.items()} == {"group=a": [1, 3], "group=b": [2]}
+    assert {g: column(rows, "__time") for g, rows in batch.groups.items()} == {"group=a": [1, 3], "group=b": [2]}
 
 
 def test_complete_batches_before_a_fail_are_computed_and_the_open_one_is_not():
@@ -372,14 +372,19 @@ def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
     assert s.flush_due(11.0) == []
 
 
+def column(rows, name: str) -> list:
+    """One column of the points a GroupRows holds, decoded as a worker would."""
+    return decode_points(rows.encoded()).column(name).to_pylist()
+
+
 def test_micro_batch_keeps_groups_apart_in_arrival_order():
     s = started()
     drive(s, [point(1, "a", 1.0), point(2, "b", 2.0), point(3, "a", 3.0)])
     (computed,) = s.finish()
     groups = computed.batch.groups
     assert list(groups) == ["group=a", "group=b"]
-    assert groups["group=a"].time == [1, 3]
-    assert groups["group=a"].sparse["fd:value"] == ([0, 1], [1.0, 3.0])
+    assert column(groups["group=a"], "__time") == [1, 3]
+    assert column(groups["group=a"], "fd:value") == [1.0, 3.0]
     assert groups["group=b"].count == 1
 
 
@@ -453,8 +458,8 @@ def test_batch_udf_groups_complete_batches_into_one_micro_batch():
     assert batch.count == 3
     first, second = batch.batches
     assert (first.group, first.name, first.tags, first.tmax) == ("host=x", "cpu", {"host": "x"}, 2)
-    assert first.rows.time == [1, 2]
-    assert first.rows.sparse["fd:value"][1] == [5.0, 6.0]
+    assert column(first.rows, "__time") == [1, 2]
+    assert column(first.rows, "fd:value") == [5.0, 6.0]
     assert (second.group, second.name, second.tags, second.tmax) == ("host=y", "mem", {"host": "y"}, 3)
 
 
@@ -480,7 +485,7 @@ def test_snapshot_inside_an_open_batch_keeps_the_batch_open():
     events = drive(s, [begin("g1"), point(1, batch=True), snapshot(), point(2, batch=True), end("g1", tmax=2)])
     assert kinds(events) == ["TakeSnapshot"]
     (computed,) = s.finish()
-    assert computed.batch.batches[0].rows.time == [1, 2]
+    assert column(computed.batch.batches[0].rows, "__time") == [1, 2]
 
 
 # ---- the guard on the session's replies ----

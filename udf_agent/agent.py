@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.engine import Engines
-from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, ProtocolError
+from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, ProtocolError, parse_message, request_point
 from udf_agent.guard import error_frame, keepalive_frame
 from udf_agent.session import Compute, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 
@@ -179,7 +179,11 @@ class Agent:
             early, self._early = self._early, []
             now = time.monotonic()
             for request in early:
-                if not self._dispatch(self.session.receive(request, now)):
+                if isinstance(request, ProtocolError):
+                    events = self.session.fail(str(request))
+                else:
+                    events = self.session.receive(request, now)
+                if not self._dispatch(events):
                     break
             self._cond.notify_all()
 
@@ -200,20 +204,20 @@ class Agent:
                 self._cond.notify_all()
 
     def _read(self) -> None:
-        decoder = FrameDecoder(udf_pb2.Request, max_frame_size=self.config.max_frame_size)
+        splitter = FrameSplitter(max_frame_size=self.config.max_frame_size)
         try:
             while not self._stop_reading.is_set():
                 data = self.connection.read(READ_SIZE)
                 if not data:
                     # A read side we shut down ourselves is no truncated input.
                     if not self._stop_reading.is_set():
-                        decoder.close()
+                        splitter.close()
                     break
                 try:
-                    requests, error = decoder.feed(data), None
+                    bodies, error = splitter.feed(data), None
                 except ProtocolError as exc:
-                    requests, error = exc.decoded, exc
-                if not self._receive(requests):
+                    bodies, error = exc.decoded, exc
+                if not self._receive(bodies, splitter.frames - len(bodies)):
                     return
                 self._wait_for_room()
                 if error is not None:
@@ -232,21 +236,34 @@ class Agent:
             self._work.append(_Finish())
             self._cond.notify_all()
 
-    def _receive(self, requests: list[udf_pb2.Request]) -> bool:
-        """Feeds one read's requests to the session under one lock; False once it has failed."""
+    def _receive(self, bodies: list[bytes], frames_before: int) -> bool:
+        """Feeds one read's frames to the session under one lock; False once it has failed."""
         # In slices, so the compute thread is never kept waiting for the lock long.
-        for start in range(0, len(requests), 1024):
+        for start in range(0, len(bodies), 1024):
             with self._cond:
                 now = time.monotonic()
-                for request in requests[start : start + 1024]:
-                    if self.session is None:
-                        self._receive_early(request)
-                    elif not self._dispatch(self.session.receive(request, now)):
+                for number, body in enumerate(bodies[start : start + 1024], frames_before + start + 1):
+                    try:
+                        point = request_point(body)
+                        if point is not None and self.session is not None:
+                            events = self.session.receive_point(point, now)
+                        else:
+                            request = parse_message(udf_pb2.Request, body, number)
+                            if self.session is None:
+                                self._receive_early(request)
+                                continue
+                            events = self.session.receive(request, now)
+                    except ProtocolError as exc:
+                        if self.session is None:
+                            self._receive_early(exc)
+                            continue
+                        events = self.session.fail(str(exc))
+                    if not self._dispatch(events):
                         return False
         return True
 
-    def _receive_early(self, request: udf_pb2.Request) -> None:
-        if request.WhichOneof("message") == "keepalive":
+    def _receive_early(self, request: udf_pb2.Request | ProtocolError) -> None:
+        if isinstance(request, udf_pb2.Request) and request.WhichOneof("message") == "keepalive":
             self.writer.send(keepalive_frame(request.keepalive.time), urgent=True)
         else:
             self._early.append(request)
@@ -347,7 +364,7 @@ class Agent:
     def _compute(self, item: Compute) -> None:
         import pandas as pd
 
-        from udf_agent.compute import TASK_COLUMNS, table_to_ipc
+        from udf_agent.compute import TASK_COLUMNS
 
         from udf_agent.compute import Job
 
@@ -360,12 +377,12 @@ class Agent:
             meta = json.dumps({"history": window})
             for seq, (group, group_rows) in enumerate(batch.groups.items()):
                 history, state = self._groups.get(group, (None, None))
-                rows.append((seq, group, meta, table_to_ipc(group_rows.to_arrow()), history, state))
+                rows.append((seq, group, meta, group_rows.encoded(), history, state))
         else:
             for seq, kbatch in enumerate(batch.batches):
                 meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
                 _, state = self._groups.get(kbatch.group, (None, None))
-                rows.append((seq, kbatch.group, meta, table_to_ipc(kbatch.rows.to_arrow()), None, state))
+                rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))
         tasks = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
         started = time.monotonic()
         try:

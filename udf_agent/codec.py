@@ -47,49 +47,53 @@ def encode_frame(message: Message) -> bytes:
     return encode_varint(len(body)) + body
 
 
-class FrameDecoder(Generic[M]):
-    """Turns a byte stream into messages of one type.
+class FrameSplitter:
+    """Cuts a byte stream into frame bodies, without parsing them.
 
     Buffered bytes are kept until a frame is whole; nothing is allocated for a
     declared length before the bytes of that frame have actually arrived, and
     a length above ``max_frame_size`` is refused as soon as its varint is read.
     """
 
-    def __init__(self, message_type: type[M], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
-        self._message_type = message_type
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
         self._max_frame_size = max_frame_size
         self._buffer = bytearray()
-        self._frames_decoded = 0
+        self.frames = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received that do not yet complete a frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[M]:
+    def feed(self, data: bytes) -> list[bytes]:
         if data:
             self._buffer += data
         buffer = self._buffer
         size = len(buffer)
-        messages: list[M] = []
+        bodies: list[bytes] = []
         pos = 0
         try:
             while pos < size:
-                length, body_start = self._read_length(buffer, pos, size)
-                if length is None:
-                    break
+                first = buffer[pos]
+                if first < 0x80 and first <= self._max_frame_size:  # the common one-byte length
+                    length, body_start = first, pos + 1
+                else:
+                    length, body_start = self._read_length(buffer, pos, size)
+                    if length is None:
+                        break
                 body_end = body_start + length
                 if body_end > size:
                     break
-                messages.append(self._parse(bytes(buffer[body_start:body_end])))
+                bodies.append(bytes(buffer[body_start:body_end]))
+                self.frames += 1
                 pos = body_end
         except ProtocolError as exc:
-            exc.decoded = messages
+            exc.decoded = bodies
             raise
         finally:
             if pos:
                 del buffer[:pos]
-        return messages
+        return bodies
 
     def close(self) -> None:
         """Declares end of input; a partial frame left over is an error."""
@@ -106,22 +110,117 @@ class FrameDecoder(Generic[M]):
             value |= (byte & 0x7F) << shift
             if value > self._max_frame_size:
                 raise ProtocolError(
-                    f"frame {self._frames_decoded + 1} declares a length above the "
-                    f"{self._max_frame_size}-byte limit"
+                    f"frame {self.frames + 1} declares a length above the {self._max_frame_size}-byte limit"
                 )
             if not byte & 0x80:
                 return value, index + 1
             shift += 7
         if size - pos >= _MAX_VARINT_BYTES:
-            raise ProtocolError(f"frame {self._frames_decoded + 1} starts with a malformed varint length")
+            raise ProtocolError(f"frame {self.frames + 1} starts with a malformed varint length")
         return None, pos
 
-    def _parse(self, body: bytes) -> M:
-        self._frames_decoded += 1
+
+def parse_message(message_type: type[M], body: bytes, frame_number: int = 0) -> M:
+    try:
+        # A fresh message for every frame: upb grows a reused one forever.
+        return message_type.FromString(body)
+    except DecodeError as exc:
+        where = f"frame {frame_number}" if frame_number else "a frame"
+        raise ProtocolError(f"{where} is not a valid {message_type.__name__}: {exc}") from None
+
+
+class FrameDecoder(Generic[M]):
+    """Turns a byte stream into messages of one type."""
+
+    def __init__(self, message_type: type[M], max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
+        self._message_type = message_type
+        self._splitter = FrameSplitter(max_frame_size)
+
+    @property
+    def buffered(self) -> int:
+        return self._splitter.buffered
+
+    def feed(self, data: bytes) -> list[M]:
+        messages: list[M] = []
         try:
-            # A fresh message for every frame: upb grows a reused one forever.
-            return self._message_type.FromString(body)
-        except DecodeError as exc:
-            raise ProtocolError(
-                f"frame {self._frames_decoded} is not a valid {self._message_type.__name__}: {exc}"
-            ) from None
+            bodies = self._splitter.feed(data)
+        except ProtocolError as exc:
+            exc.decoded = self._parse_all(exc.decoded, messages)
+            raise
+        return self._parse_all(bodies, messages)
+
+    def close(self) -> None:
+        self._splitter.close()
+
+    def _parse_all(self, bodies: list[bytes], messages: list[M]) -> list[M]:
+        first = self._splitter.frames - len(bodies) + 1
+        for number, body in enumerate(bodies, first):
+            try:
+                messages.append(parse_message(self._message_type, body, number))
+            except ProtocolError as exc:
+                exc.decoded = messages
+                raise
+        return messages
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ProtocolError if it runs off the end."""
+    value = 0
+    shift = 0
+    size = len(data)
+    while pos < size and shift < 70:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise ProtocolError("malformed varint inside a message")
+
+
+# Request.point is field 17, length-delimited: key varint (17 << 3) | 2.
+_POINT_KEY = encode_varint((17 << 3) | 2)
+_GROUP_FIELD = 5
+
+
+def request_point(body: bytes) -> bytes | None:
+    """The serialised Point of a Request frame that holds only a point, else None.
+
+    Points are most of the traffic: they are kept as bytes and decoded
+    column-wise where they are computed, never parsed one by one here.
+    """
+    if not body.startswith(_POINT_KEY):
+        return None
+    length, start = read_varint(body, len(_POINT_KEY))
+    if start + length != len(body):
+        return None  # anything else in the Request: let the full parser decide
+    return body[start:]
+
+
+def point_group(point: bytes) -> str:
+    """A serialised Point's group id, read without parsing the point."""
+    pos = 0
+    size = len(point)
+    group = b""
+    while pos < size:
+        key, pos = read_varint(point, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, pos = read_varint(point, pos)
+        elif wire_type == 2:
+            length, pos = read_varint(point, pos)
+            if field == _GROUP_FIELD:
+                group = point[pos : pos + length]
+            pos += length
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        else:
+            raise ProtocolError(f"Point holds field {field} of unsupported wire type {wire_type}")
+    if pos != size:
+        raise ProtocolError("Point ends inside a field")
+    try:
+        return group.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("Point.group is not valid UTF-8") from None

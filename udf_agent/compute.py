@@ -82,7 +82,7 @@ def run_task(job: Job, task: Any) -> tuple:
 
 
 def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
-    data = ipc_to_table(task.data)
+    data = cols.decode_points(task.data)
     history_rows = 0
     if _present(task.history):
         kept = ipc_to_table(task.history)
@@ -120,7 +120,7 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
 
 
 def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str | None, int]:
-    data = ipc_to_table(task.data)
+    data = cols.decode_points(task.data)
     frame, layout = user_frame(data)
     ctx = Context(
         options=job.option_values(),

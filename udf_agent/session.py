@@ -13,6 +13,7 @@ from typing import Union
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
+from udf_agent.codec import ProtocolError, point_group
 from udf_agent.guard import OutputGuard, keepalive_frame
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
 from udf_agent.table import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
@@ -84,7 +85,7 @@ class Session:
         if kind == "keepalive":
             return [Send(keepalive_frame(request.keepalive.time), urgent=True)]
         if kind == "point":
-            return self._point(request.point, now)
+            return self.receive_point(request.point.SerializeToString(), now)
         if kind == "begin":
             return self._begin(request.begin)
         if kind == "end":
@@ -166,7 +167,10 @@ class Session:
             return self.fail(f"received {what} before a successful Init")
         return None
 
-    def _point(self, point: udf_pb2.Point, now: float) -> list[Event]:
+    def receive_point(self, point: bytes, now: float) -> list[Event]:
+        """A Point, as the bytes Kapacitor sent (see ``codec.request_point``)."""
+        if self.failed:
+            return []
         refused = self._require_init("a Point")
         if refused is not None:
             return refused
@@ -175,10 +179,14 @@ class Session:
             return []
         if self.spec.wants != "stream":
             return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
+        try:
+            group = point_group(point)
+        except ProtocolError as exc:
+            return self.fail(str(exc))
         pending = self._pending
         if pending is None:
             pending = self._pending = StreamMicroBatch(opened_at=now)
-        pending.append(point)
+        pending.append(group, point)
         if pending.count >= self.max_batch_points:
             return self._close_pending()
         return []

@@ -1,9 +1,10 @@
-"""Columnar accumulation of incoming points, one table per group.
+"""Incoming points, grouped, and the Arrow tables they become.
 
-The reader appends points into plain Python lists (no pandas, no pyarrow on
-the reader's path); the compute side turns a group's lists into one Arrow
-table. Column names carry a prefix, so tags and fields can never collide
-with each other or with the point's metadata:
+The reader keeps each point as the bytes Kapacitor sent (``GroupRows``): no
+protobuf object per point on its path. Where the group is computed (a Spark
+worker), ``decode_points`` turns those bytes into one Arrow table whose
+column names carry a prefix, so tags and fields can never collide with each
+other or with the point's metadata:
 
     __time __name __db __rp __dims __byname   point metadata
     t:KEY                                     tags
@@ -13,6 +14,9 @@ with each other or with the point's metadata:
 from __future__ import annotations
 
 from typing import Any
+
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameSplitter, encode_varint, parse_message
 
 TIME = "__time"
 NAME = "__name"
@@ -31,7 +35,33 @@ _SparseColumn = tuple[list[int], list[Any]]
 
 
 class GroupRows:
-    """The points of one group, column by column."""
+    """The points of one group (or one Kapacitor batch), as length-prefixed Point bytes."""
+
+    __slots__ = ("count", "_chunks")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._chunks: list[bytes] = []
+
+    def append(self, point: bytes) -> None:
+        self._chunks.append(encode_varint(len(point)))
+        self._chunks.append(point)
+        self.count += 1
+
+    def encoded(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+def decode_points(data: bytes) -> Any:
+    """The Arrow table of the points ``GroupRows.encoded`` holds."""
+    columns = PointColumns()
+    for body in FrameSplitter(max_frame_size=len(data)).feed(data):
+        columns.append(parse_message(udf_pb2.Point, body))
+    return columns.to_arrow()
+
+
+class PointColumns:
+    """Points, column by column: one list per column, sparse tags and fields."""
 
     __slots__ = ("count", "time", "name", "database", "retention_policy", "dimensions", "by_name", "sparse")
 
@@ -91,7 +121,8 @@ class GroupRows:
             FIELD_STRING: pa.string(),
             FIELD_BOOL: pa.bool_(),
         }
-        for column_name, (rows, values) in self.sparse.items():
+        # Sorted: map order differs between processes, the table must not.
+        for column_name, (rows, values) in sorted(self.sparse.items()):
             if len(rows) != self.count:
                 dense: list[Any] = [None] * self.count
                 for row, value in zip(rows, values):
@@ -114,10 +145,10 @@ class StreamMicroBatch:
         self.count = 0
         self.groups: dict[str, GroupRows] = {}
 
-    def append(self, point: Any) -> None:
-        rows = self.groups.get(point.group)
+    def append(self, group: str, point: bytes) -> None:
+        rows = self.groups.get(group)
         if rows is None:
-            rows = self.groups[point.group] = GroupRows()
+            rows = self.groups[group] = GroupRows()
         rows.append(point)
         self.count += 1
 
