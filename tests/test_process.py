@@ -247,3 +247,15 @@ def test_keepalives_are_answered_while_the_udf_module_imports(drivers, report):
     assert driver.close(timeout=30) == 0
     # The first request can only be answered once the interpreter is up (~0.1 s).
     assert_keepalives_answered(driver, "while the UDF module imports for 2 s", report, limit=0.5)
+
+
+def test_a_malformed_point_is_reported_as_a_protocol_error(drivers):
+    # Well-framed, the group readable, but a field inside is not valid protobuf.
+    driver = drivers("run", "mirror", "--flush-interval", "10ms")
+    assert driver.init().success
+    point = udf_pb2.Point(group="g", name="m").SerializeToString() + b"\x3a\x04\x0a\x05ab"  # a tags entry whose key overruns it
+    body = b"\x8a\x01" + bytes([len(point)]) + point
+    driver.send_raw(bytes([len(body)]) + body)
+    error = driver.responses.wait_for("error", timeout=30)[0].error
+    assert error.startswith("protocol error") and "'g'" in error
+    assert driver.process.wait(30) == 1

@@ -22,6 +22,7 @@ import pyarrow as pa
 from udf_agent import table as cols
 from udf_agent import udf_pb2
 from udf_agent.api import Context, UDFSpec
+from udf_agent.codec import ProtocolError
 from udf_agent.guard import encode_batch, encode_points
 from udf_agent.options import OptionValues, duration_positions
 
@@ -75,6 +76,9 @@ def run_task(job: Job, task: Any) -> tuple:
         else:
             output, history, state, emitted = _run_batch_task(job, task, meta)
         return (task.seq, task.key, output, history, state, None, emitted)
+    except ProtocolError as exc:
+        where = f"group {task.key!r}" if task.key else "the ungrouped data"
+        return (task.seq, task.key, None, None, None, f"protocol error: a point of {where} is malformed: {exc}", 0)
     except Exception:
         where = f"group {task.key!r}" if task.key else "the ungrouped data"
         error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
