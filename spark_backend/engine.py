@@ -1,7 +1,8 @@
 """A compute engine backed by a SparkSession.
 
 Each micro-batch becomes a small DataFrame with one row per task (a group, or
-a Kapacitor batch, as Arrow IPC bytes) and is computed by ``mapInPandas``.
+a Kapacitor batch: its points as the bytes Kapacitor sent, its kept history
+as Arrow IPC) and is computed by ``mapInPandas``.
 One row per group means a group is never split across partitions, and Spark
 calls Python once per partition rather than once per group: the measured
 per-group cost of ``applyInPandas`` (5-7 s for 1,000 groups) rules it out for
@@ -125,7 +126,10 @@ def build_session(settings: SparkSettings) -> Any:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    _warm_workers(session)
+    try:
+        _warm_workers(session)
+    except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself
+        log.warning("warming Spark's Python workers failed: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     log.info("Spark %s ready (master %s)", session.version, settings.master)
     return session
 

@@ -1,6 +1,6 @@
 """One agent per Kapacitor connection: a reader, a compute thread, one writer.
 
-The reader never waits on compute: it decodes frames, answers keepalives and
+The reader never waits on compute: it splits frames, answers keepalives and
 management requests at once, and hands closed micro-batches to the compute
 thread through a bounded queue. When that queue is full the reader stops
 reading (backpressure) and sends heartbeat KeepaliveResponses meanwhile, so
@@ -137,7 +137,7 @@ class Agent:
         self._cond = threading.Condition()
         self._work: deque[Any] = deque()
         # Requests that arrived before the spec was known, replayed once it is.
-        self._early: list[udf_pb2.Request] = []
+        self._early: list[udf_pb2.Request | ProtocolError] = []
         self.writer = Writer(connection)
         self._reader: threading.Thread | None = None
         self._options: Any = None
@@ -246,7 +246,7 @@ class Agent:
                     try:
                         point = request_point(body)
                         if point is not None and self.session is not None:
-                            events = self.session.receive_point(point, now)
+                            events = self.session.receive_point(point, now, number)
                         else:
                             request = parse_message(udf_pb2.Request, body, number)
                             if self.session is None:

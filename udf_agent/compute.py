@@ -1,8 +1,8 @@
 """The work done for one group or one Kapacitor batch, wherever it runs.
 
 A micro-batch reaches a compute engine as tasks, one per group (stream) or
-per Kapacitor batch: the group's new rows and its kept history as Arrow IPC
-bytes, its UDF state as JSON. A task's result carries the encoded output
+per Kapacitor batch: the group's new points as the bytes Kapacitor sent, its
+kept history as Arrow IPC, its UDF state as JSON. A task's result carries the encoded output
 frames, the new history and state. The same functions run inside Spark's
 pandas UDF and in-process, so results are identical by construction.
 """

@@ -167,8 +167,12 @@ class Session:
             return self.fail(f"received {what} before a successful Init")
         return None
 
-    def receive_point(self, point: bytes, now: float) -> list[Event]:
-        """A Point, as the bytes Kapacitor sent (see ``codec.request_point``)."""
+    def receive_point(self, point: bytes, now: float, frame_number: int = 0) -> list[Event]:
+        """A Point, as the bytes Kapacitor sent (see ``codec.request_point``).
+
+        Only the group is read here; the rest is decoded where the group is
+        computed, so a point malformed inside fails its micro-batch there.
+        """
         if self.failed:
             return []
         refused = self._require_init("a Point")
@@ -182,7 +186,7 @@ class Session:
         try:
             group = point_group(point)
         except ProtocolError as exc:
-            return self.fail(str(exc))
+            return self.fail(f"frame {frame_number}: {exc}" if frame_number else str(exc))
         pending = self._pending
         if pending is None:
             pending = self._pending = StreamMicroBatch(opened_at=now)

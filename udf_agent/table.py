@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameSplitter, encode_varint, parse_message
+from google.protobuf.message import DecodeError
+
+from udf_agent.codec import FrameSplitter, ProtocolError, encode_varint
 
 TIME = "__time"
 NAME = "__name"
@@ -55,8 +57,11 @@ class GroupRows:
 def decode_points(data: bytes) -> Any:
     """The Arrow table of the points ``GroupRows.encoded`` holds."""
     columns = PointColumns()
-    for body in FrameSplitter(max_frame_size=len(data)).feed(data):
-        columns.append(parse_message(udf_pb2.Point, body))
+    for number, body in enumerate(FrameSplitter(max_frame_size=len(data)).feed(data), 1):
+        try:
+            columns.append(udf_pb2.Point.FromString(body))
+        except DecodeError as exc:
+            raise ProtocolError(f"point {number} of this micro-batch's group is not a valid Point: {exc}") from None
     return columns.to_arrow()
 
 
@@ -86,7 +91,7 @@ class PointColumns:
         self.dimensions.append(tuple(point.dimensions))
         self.by_name.append(point.byName)
         sparse = self.sparse
-        # The hot path of the reader: plain loops, no work for absent maps.
+        # Once per point: plain loops, no work for absent maps.
         for prefix, mapping in (
             (TAG, point.tags),
             (FIELD_DOUBLE, point.fieldsDouble),
