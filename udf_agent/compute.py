@@ -50,17 +50,6 @@ class Job:
         return OptionValues(self.options, duration_positions(self.spec.options))
 
 
-def table_to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def ipc_to_table(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
 def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The body of the pandas UDF: task rows in, result rows out."""
     for frame in frames:
@@ -89,7 +78,7 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
     data = cols.decode_points(task.data)
     history_rows = 0
     if _present(task.history):
-        kept = ipc_to_table(task.history)
+        kept = cols.ipc_to_table(task.history)
         history_rows = kept.num_rows
         data = pa.concat_tables([kept, data], promote_options="default")
     frame, layout = user_frame(data)
@@ -190,7 +179,7 @@ def _keep_history(data: pa.Table, window: dict | None) -> bytes | None:
         times = data.column(cols.TIME)
         newest = pc.max(times).as_py()
         kept = data.filter(pc.greater_equal(times, newest - window["ns"]))
-    return table_to_ipc(kept)
+    return cols.table_to_ipc(kept)
 
 
 # ---- internal table <-> the DataFrame a UDF sees ----

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from udf_agent.table import ipc_to_table, table_to_ipc
+
 MAGIC = b"KUDFSNAP"
 VERSION = 1
 _HEADER = struct.Struct(">8sH32s")
@@ -33,10 +35,7 @@ def dump_snapshot(udf_name: str, groups: dict[str, GroupState]) -> bytes:
             "state": pa.array([s for _, s in groups.values()], pa.string()),
         }
     ).replace_schema_metadata({"udf": udf_name})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    body = sink.getvalue().to_pybytes()
+    body = table_to_ipc(table)
     return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest()) + body
 
 
@@ -52,7 +51,7 @@ def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
     if hashlib.sha256(body).digest() != digest:
         raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        table = ipc_to_table(body)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise SnapshotError(f"snapshot body is unreadable: {exc}") from None
     expected = {"group": pa.string(), "history": pa.binary(), "state": pa.string()}

@@ -54,6 +54,22 @@ class GroupRows:
         return b"".join(self._chunks)
 
 
+def table_to_ipc(table: Any) -> bytes:
+    """An Arrow table as an IPC stream: typed, compact, and never executable."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_table(data: bytes) -> Any:
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
 def decode_points(data: bytes) -> Any:
     """The Arrow table of the points ``GroupRows.encoded`` holds."""
     columns = PointColumns()
