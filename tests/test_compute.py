@@ -312,7 +312,7 @@ def test_keepalives_are_read_and_answered_while_micro_batches_wait_within_budget
     driver.responses.wait_for("point", 6, timeout=120)
     assert harness.finish() == 0
     latencies = driver.keepalive_latencies()
-    assert max(latencies) < 0.5, latencies
+    assert max(latencies) <= 1.0, latencies
 
 
 def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
