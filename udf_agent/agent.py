@@ -2,7 +2,7 @@
 
 The reader never waits on compute: it splits frames, answers keepalives and
 management requests at once, and hands closed micro-batches to the compute
-thread through a bounded queue. When that queue is full the reader stops
+thread in order. Past a budget of points waiting for compute it stops
 reading (backpressure) and sends heartbeat KeepaliveResponses meanwhile, so
 Kapacitor's watchdog never fires. The writer is the only thread that writes.
 """
