@@ -58,7 +58,9 @@ def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataF
 
 
 def run_task(job: Job, task: Any) -> tuple:
+    """One result row; a failure is reported in its ``error`` column, never raised into Spark."""
     meta = json.loads(task.meta)
+    where = f"group {task.key!r}" if task.key else "the ungrouped data"
     try:
         if job.spec.wants == "stream":
             output, history, state, emitted = _run_stream_task(job, task, meta)
@@ -66,12 +68,10 @@ def run_task(job: Job, task: Any) -> tuple:
             output, history, state, emitted = _run_batch_task(job, task, meta)
         return (task.seq, task.key, output, history, state, None, emitted)
     except ProtocolError as exc:
-        where = f"group {task.key!r}" if task.key else "the ungrouped data"
-        return (task.seq, task.key, None, None, None, f"protocol error: a point of {where} is malformed: {exc}", 0)
+        error = f"protocol error: a point of {where} is malformed: {exc}"
     except Exception:
-        where = f"group {task.key!r}" if task.key else "the ungrouped data"
         error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
-        return (task.seq, task.key, None, None, None, error, 0)
+    return (task.seq, task.key, None, None, None, error, 0)
 
 
 def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
