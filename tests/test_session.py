@@ -13,7 +13,7 @@ from udf_agent import udf_pb2
 from udf_agent.builtins import mirror, moving_avg, outliers
 from udf_agent.codec import FrameDecoder
 from udf_agent.guard import OutputGuard
-from udf_agent.session import Compute, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.session import Compute, Fail, Restore, Send, Session, Started
 from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
 
 from udf_agent.testing import option

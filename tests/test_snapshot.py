@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import threading
 import time
 
 import pytest

@@ -80,7 +80,7 @@ class Server:
                 return self
             except OSError:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"server did not listen on {self.path} within {timeout} s\n{self.log()}")
+                    raise AssertionError(f"server did not listen on {self.path} within {timeout} s\n{self.log()}") from None
                 time.sleep(0.05)
             finally:
                 probe.close()

@@ -186,7 +186,7 @@ class UnixSocketServer:
             sessions = list(self._sessions.items())
         if sessions:
             log.info("stopping: finishing %d open session(s)", len(sessions))
-        for thread, agent in sessions:
+        for _, agent in sessions:
             if agent is not None:
                 agent.stop_reading()
         for thread, _ in sessions:
