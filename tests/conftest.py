@@ -11,9 +11,14 @@ def spark_engine():
     """One real SparkSession for every in-process test: the JVM is slow to start."""
     from spark_backend import SparkEngine, SparkSettings
 
+    # Starting Spark sets PYTHONPATH and friends for its workers; agents the tests start
+    # later as processes must see the environment a user has, not ours.
+    environment = dict(os.environ)
     engine = SparkEngine(SparkSettings(master="local[2]"))
     engine.start()
     engine.wait_ready()
+    os.environ.clear()
+    os.environ.update(environment)
     yield engine
     engine.stop()
 

@@ -82,14 +82,15 @@ def test_kapacitor_conf_for_a_user_udf_sets_its_import_path(runner, monkeypatch)
         ("tests.udfs.sample:", "package.module:attribute"),
     ],
 )
-@pytest.mark.parametrize("command", ["info", "run"])
-def test_a_bad_target_is_a_usage_error(runner, monkeypatch, command, target, message):
+@pytest.mark.parametrize("command", [["info"], ["run"], ["serve", "--socket", "never-created.sock"]], ids=["info", "run", "serve"])
+def test_a_bad_target_is_a_usage_error(runner, monkeypatch, tmp_path, command, target, message):
     monkeypatch.chdir(ROOT)
-    result = subprocess.run([sys.executable, "-m", "udf_agent", command, target], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+    result = subprocess.run([sys.executable, "-m", "udf_agent", *command, target], capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert result.returncode == 2
     assert message in result.stderr
-    if command == "run":
+    if command == ["run"]:
         assert result.stdout == ""
+    assert not os.path.exists(os.path.join(ROOT, "never-created.sock"))
     assert "Traceback" not in result.stderr
 
 

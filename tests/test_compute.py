@@ -321,7 +321,11 @@ def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
     assert driver.init(option("seconds", 0.5)).success
     for t in range(8):
         driver.point(time=t, name="m", fieldsDouble={"x": float(t)})
-    time.sleep(0.3)  # the reader has read the points and stopped reading
+    # Once heartbeats come, the reader has read the points and stopped reading.
+    deadline = time.monotonic() + 60
+    while not any(k.time > 10**18 for k in driver.responses.of("keepalive")):
+        assert time.monotonic() < deadline, "no heartbeat while the reader waited for room"
+        time.sleep(0.01)
     driver.keepalive(4242)
     driver.responses.wait_for("point", 8, timeout=120)
     assert harness.finish() == 0

@@ -2,6 +2,7 @@
 
 import os
 import statistics
+import sys
 import threading
 import time
 
@@ -60,6 +61,15 @@ def assert_keepalives_answered(driver, label, report, limit=1.0):
     assert latencies[-1] <= limit, f"slowest keepalive answer took {latencies[-1]:.3f} s"
 
 
+def assert_only_frames(driver, kinds):
+    """Everything on stdout parses as whole frames of the expected kinds: no stray byte."""
+    decoder = FrameDecoder(udf_pb2.Response)
+    responses = decoder.feed(bytes(driver.responses.raw))
+    decoder.close()
+    assert {r.WhichOneof("message") for r in responses} <= kinds
+    assert len(responses) == len(driver.responses.items)
+
+
 @pytest.fixture
 def drivers():
     started = []
@@ -90,18 +100,25 @@ def test_info_is_answered_within_a_second_of_process_start(drivers, report):
         # Info alone never starts Spark.
         assert "starting Spark" not in driver.log()
     report(f"Info answered {', '.join(f'{t * 1000:.0f} ms' for t in timings)} after process start")
-    assert min(timings) < 1.0
+    assert statistics.median(timings) < 1.0
 
 
 def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report):
     driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "100ms")
+    # Once the process is up, so the figure is about Spark's start-up, not Python's.
+    assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
-        assert driver.info().wants == udf_pb2.STREAM
         init = driver.init(option("field", "value"), option("size", 10), option("as", "mean"))
         assert init.success, init.error
         reference_points(driver)
+        # Info is answered at any time, also while Spark starts with points waiting.
+        info_started = time.monotonic()
+        assert driver.info().provides == udf_pb2.STREAM
+        info_during_start = time.monotonic() - info_started
         points = driver.responses.wait_for("point", 24, timeout=180)
     assert driver.close() == 0, driver.log()
+    assert "starting Spark" in driver.log()
+    assert info_during_start < 1.0
     assert_keepalives_answered(driver, "during Spark start-up", report)
 
     by_group = {}
@@ -122,6 +139,7 @@ def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report
 
 def test_keepalives_are_answered_during_a_slow_micro_batch(drivers, report):
     driver = drivers("run", "tests.udfs.sample:sleepy", "--master", "local[2]", "--flush-interval", "50ms", cwd=ROOT)
+    assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
         assert driver.init(option("seconds", 5.0)).success
         driver.point(time=1, name="m", fieldsDouble={"x": 1.0})
@@ -137,7 +155,7 @@ def test_keepalives_are_answered_during_a_slow_micro_batch(drivers, report):
     # The worker's print reached stderr, and stdout held nothing but frames.
     assert "sleepy: about to sleep" in driver.log()
     assert "sample UDF module imported" in driver.log()
-    assert len(FrameDecoder(udf_pb2.Response).feed(bytes(driver.responses.raw))) == len(driver.responses.items)
+    assert_only_frames(driver, {"info", "init", "keepalive", "point"})
 
 
 def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
@@ -148,9 +166,7 @@ def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
     points = driver.responses.wait_for("point", 50, timeout=30)
     assert driver.close(timeout=30) == 0
     assert [p.fieldsInt["n"] for p in points] == list(range(50))
-    decoder = FrameDecoder(udf_pb2.Response)
-    assert len(decoder.feed(bytes(driver.responses.raw))) == len(driver.responses.items)
-    decoder.close()
+    assert_only_frames(driver, {"init", "point"})
     log = driver.log()
     for line in ("noisy print from the UDF", "noisy sys.stdout.write", "noisy os.write to fd 1", "sample UDF module imported"):
         assert line in log
@@ -245,8 +261,8 @@ def test_keepalives_are_answered_while_the_udf_module_imports(drivers, report):
         driver.responses.wait_for("point", timeout=30)
     assert info.wants == udf_pb2.STREAM
     assert driver.close(timeout=30) == 0
-    # The first request can only be answered once the interpreter is up (~0.1 s).
-    assert_keepalives_answered(driver, "while the UDF module imports for 2 s", report, limit=0.5)
+    # The first request can only be answered once the interpreter is up (~0.1 s, more under load).
+    assert_keepalives_answered(driver, "while the UDF module imports for 2 s", report)
 
 
 def test_a_malformed_point_is_reported_as_a_protocol_error(drivers):
@@ -259,3 +275,49 @@ def test_a_malformed_point_is_reported_as_a_protocol_error(drivers):
     error = driver.responses.wait_for("error", timeout=30)[0].error
     assert error.startswith("protocol error") and "'g'" in error
     assert driver.process.wait(30) == 1
+
+
+def test_a_snapshot_taken_in_one_process_continues_in_another(drivers):
+    first = drivers("run", "tests.udfs.sample:local_counter", "--flush-interval", "10ms", cwd=ROOT)
+    assert first.init().success
+    for t in range(4):
+        first.point(time=t, name="m", group="g=a", dimensions=["g"], tags={"g": "a"}, fieldsDouble={"x": 1.0})
+    first.responses.wait_for("point", 4, timeout=30)
+    snapshot = first.snapshot(timeout=30)
+    assert first.close(timeout=30) == 0
+
+    second = drivers("run", "tests.udfs.sample:local_counter", "--flush-interval", "10ms", cwd=ROOT)
+    assert second.init().success
+    assert second.restore(snapshot, timeout=30).success
+    for t in range(4, 8):
+        second.point(time=t, name="m", group="g=a", dimensions=["g"], tags={"g": "a"}, fieldsDouble={"x": 1.0})
+    points = second.responses.wait_for("point", 4, timeout=30)
+    assert second.close(timeout=30) == 0
+    # The UDF's own state (ctx.state) came across: the count goes on from 4.
+    assert [p.fieldsInt["count"] for p in first.responses.of("point")] == [1, 2, 3, 4]
+    assert [p.fieldsInt["count"] for p in points] == [5, 6, 7, 8]
+
+
+def test_the_console_script_runs_a_user_module_from_the_working_directory(tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "udf-agent")
+    if not os.path.exists(script):
+        pytest.skip("the console script is not installed next to this interpreter")
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mymod.py").write_text(
+        "import pandas as pd\n"
+        "from udf_agent import Option, stream_udf\n\n"
+        "@stream_udf(options=[Option('factor', float)], compute=False)\n"
+        "def my_udf(df, ctx):\n"
+        "    return pd.DataFrame({'scaled': df['x'] * ctx.options.factor}, index=df.index)\n"
+    )
+    driver = KapacitorDriver.command([script, "run", "mypkg.mymod:my_udf", "--flush-interval", "10ms"], cwd=str(tmp_path))
+    try:
+        assert driver.init(option("factor", 3.0)).success
+        driver.point(time=1, name="m", fieldsDouble={"x": 2.0})
+        (point,) = driver.responses.wait_for("point", 1, timeout=30)
+        assert driver.close(timeout=30) == 0
+    finally:
+        driver.kill()
+    assert dict(point.fieldsDouble) == {"scaled": 6.0}

@@ -593,3 +593,12 @@ def test_guard_passes_keepalive_and_error_responses_unasked():
 def test_init_reply_matches_the_golden_frame():
     (send, _) = drive(session(mirror), [init()])
     assert send.frame == bytes.fromhex("04 12 02 08 01")
+
+
+def test_outliers_refuses_a_scale_below_one():
+    s = Session(outliers, max_batch_points=10, flush_interval=1.0)
+    events = drive(s, [udf_pb2.Request(init=udf_pb2.InitRequest(options=[option("field", "v"), option("scale", 0.5)]))])
+    (reply,) = [e for e in events if isinstance(e, Send)]
+    init = FrameDecoder(udf_pb2.Response).feed(reply.frame)[0].init
+    assert not init.success and "'scale': must be >= 1, got 0.5" in init.error
+    assert s.options is None

@@ -335,7 +335,7 @@ def test_info_only_connection_then_server_keeps_serving(servers, drivers, sock_d
         assert driver.responses.kinds() == ["info"], f"attempt {attempt}: {driver.responses.kinds()}"
         assert info.wants == udf_pb2.STREAM and info.provides == udf_pb2.STREAM
         assert {name: list(o.valueTypes) for name, o in info.options.items()} == options
-        assert elapsed < 10
+        assert elapsed < 1.0
         assert_no_error(driver, f"info attempt {attempt}")
     assert server.process.poll() is None, f"server died after Info-only connections\n{server.log()}"
 
@@ -592,7 +592,12 @@ def test_running_out_of_file_descriptors_does_not_end_the_server(servers, driver
                 sock.connect(path)
             except OSError:
                 break  # the backlog is full: enough
-        time.sleep(1.5)
+        # The server really ran out of descriptors, and kept going.
+        deadline = time.monotonic() + 30
+        while "cannot accept a connection yet" not in server.log():
+            assert time.monotonic() < deadline, f"the server never ran out of file descriptors\n{server.log()}"
+            assert server.process.poll() is None, f"the server ended when it ran out of file descriptors\n{server.log()}"
+            time.sleep(0.05)
         assert server.process.poll() is None, f"the server ended when it ran out of file descriptors\n{server.log()}"
         assert stat.S_ISSOCK(os.lstat(path).st_mode)
 
@@ -692,10 +697,10 @@ def test_moving_avg_over_socket_two_concurrent_connections(servers, drivers, soc
                 assert p.group == f"group={group}" and list(p.dimensions) == ["group"] and p.name == "cpu"
                 assert set(p.fieldsDouble) == {"mean"} and not p.fieldsInt and not p.fieldsString
             means = [p.fieldsDouble["mean"] for p in points]
-            assert means == pytest.approx(moving_averages(values, size)), f"connection {i} group {group}"
+            assert means == pytest.approx(moving_averages(values, size), rel=1e-9), f"connection {i} group {group}"
     # Kapacitor's end-to-end reference: last('mean') over an 11 s window (t = 0..10 s).
-    assert mean_at(conns[0], "a", 10 * SECOND) == pytest.approx(0.9)
-    assert mean_at(conns[0], "b", 10 * SECOND) == pytest.approx(1.9)
+    assert mean_at(conns[0], "a", 10 * SECOND) == pytest.approx(0.9, rel=1e-9)
+    assert mean_at(conns[0], "b", 10 * SECOND) == pytest.approx(1.9, rel=1e-9)
 
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(60) == 0, server.log()

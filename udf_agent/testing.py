@@ -184,11 +184,21 @@ class KapacitorDriver(_Driver):
     """Starts ``udf-agent ARGS`` as a process, as Kapacitor would, and talks to it over pipes."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, cwd: str | None = None):
+        self._start([*AGENT, *args], env, cwd)
+
+    @classmethod
+    def command(cls, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> "KapacitorDriver":
+        """Starts the agent with an explicit command line (say the ``udf-agent`` console script)."""
+        driver = cls.__new__(cls)
+        driver._start(argv, env, cwd)
+        return driver
+
+    def _start(self, argv: list[str], env: dict[str, str] | None, cwd: str | None) -> None:
         super().__init__()
         full_env = {**os.environ, **(env or {})}
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            [*AGENT, *args],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

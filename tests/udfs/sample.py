@@ -1,5 +1,6 @@
 """UDFs used by the tests, loaded as TARGETs the way users load theirs."""
 
+import dataclasses
 import os
 import sys
 import time
@@ -105,3 +106,7 @@ def exits(df, ctx):
 )
 def tick_defaults(df, ctx):
     return df
+
+
+# The same counter, computed in the agent's process: snapshot tests across processes without Spark.
+local_counter = dataclasses.replace(counter, name="local_counter", compute=False)
