@@ -126,6 +126,9 @@ def build_session(settings: SparkSettings) -> Any:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    for key in settings.conf:
+        # Read back from the live session: proof that the user's setting reached Spark.
+        log.info("Spark conf %s=%s", key, session.sparkContext.getConf().get(key))
     try:
         _warm_workers(session)
     except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself

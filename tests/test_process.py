@@ -104,7 +104,7 @@ def test_info_is_answered_within_a_second_of_process_start(drivers, report):
 
 
 def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report):
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "100ms")
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "100ms", "--conf", "spark.sql.shuffle.partitions=3")
     # Once the process is up, so the figure is about Spark's start-up, not Python's.
     assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
@@ -118,6 +118,7 @@ def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report
         points = driver.responses.wait_for("point", 24, timeout=180)
     assert driver.close() == 0, driver.log()
     assert "starting Spark" in driver.log()
+    assert "Spark conf spark.sql.shuffle.partitions=3" in driver.log()
     assert info_during_start < 1.0
     assert_keepalives_answered(driver, "during Spark start-up", report)
 
