@@ -13,7 +13,7 @@ each KeepaliveRequest takes to be answered.
     assert driver.init(option("field", "value"), option("size", 3)).success
     driver.point(time=1, name="cpu", fieldsDouble={"value": 1.0})
     driver.close()
-    print(driver.responses.of("point"))
+    points = driver.responses.of("point")
 """
 
 from __future__ import annotations
