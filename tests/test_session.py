@@ -16,7 +16,7 @@ from udf_agent.guard import OutputGuard
 from udf_agent.session import Compute, Fail, Restore, Send, Session, Started
 from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
 
-from udf_agent.testing import option
+from udf_agent.testing import grouped_point, option
 
 # ---- a tiny in-memory Kapacitor ----
 
@@ -52,16 +52,7 @@ def point(t: int, group: str = "a", value: float = 1.0, *, batch: bool = False) 
     if batch:  # inside a batch Kapacitor sends only time, group, tags and fields
         p = udf_pb2.Point(time=t, group=group, tags={"group": group}, fieldsDouble={"value": value})
     else:
-        p = udf_pb2.Point(
-            time=t,
-            name="cpu",
-            database="db",
-            retentionPolicy="rp",
-            group=f"group={group}",
-            dimensions=["group"],
-            tags={"group": group},
-            fieldsDouble={"value": value},
-        )
+        p = grouped_point(t, group, value, database="db", retentionPolicy="rp")
     return udf_pb2.Request(point=p)
 
 

@@ -22,7 +22,7 @@ from udf_agent.agent import AgentConfig
 from udf_agent.builtins import mirror, moving_avg
 from udf_agent.snapshot import SnapshotError, dump_snapshot, load_snapshot
 
-from udf_agent.testing import InProcessAgent, option
+from udf_agent.testing import InProcessAgent, grouped_point, option
 
 pytestmark = pytest.mark.spark
 
@@ -48,16 +48,7 @@ def start(engines, spec=moving_avg, options=OPTIONS, config=QUICK) -> InProcessA
 def feed(agent: InProcessAgent, rows) -> None:
     for t, a, b in rows:
         for group, value in (("a", a), ("b", b)):
-            agent.driver.point(
-                time=t * SEC,
-                name="cpu",
-                database="db",
-                retentionPolicy="autogen",
-                group=f"group={group}",
-                dimensions=["group"],
-                tags={"group": group},
-                fieldsDouble={"value": value},
-            )
+            agent.driver.send(udf_pb2.Request(point=grouped_point(t * SEC, group, value, database="db", retentionPolicy="autogen")))
 
 
 def means(agent: InProcessAgent, count: int) -> dict[tuple[str, int], float]:

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from udf_agent.testing import SocketDriver, option
+from udf_agent.testing import SocketDriver, grouped_point, option
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_frame
 
@@ -201,6 +201,18 @@ def assert_same_points(got: list[udf_pb2.Point], expected: list[udf_pb2.Point], 
         assert g == e, f"{label}: point {index} differs\n got: {g}\nwant: {e}"
 
 
+def assert_echo_task(driver: SocketDriver, conn: int, count: int, label: str) -> None:
+    """A whole mirror task on a fresh connection: Init, points, close; every point comes back unchanged."""
+    assert driver.init(timeout=30).success
+    points = [make_point(conn, j) for j in range(count)]
+    for point in points:
+        driver.send(udf_pb2.Request(point=point))
+    driver.close(timeout=30)
+    assert_no_error(driver, label)
+    assert "info" not in driver.responses.kinds()
+    assert_same_points(driver.responses.of("point"), points, label)
+
+
 def assert_no_error(driver: SocketDriver, label: str) -> None:
     errors = driver.responses.of("error")
     assert not errors, f"{label}: ErrorResponse {[e.error for e in errors]}"
@@ -238,6 +250,11 @@ class RawClient:
 
     def of(self, kind: str) -> list:
         return [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+
+    def init(self) -> udf_pb2.InitResponse:
+        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t", nodeID="mirror1")))
+        self.read_until(lambda: self.of("init"), timeout=30)
+        return self.of("init")[0]
 
     def read_until(self, done, timeout: float, until_eof: bool = False) -> None:
         """Reads until ``done()``; with ``until_eof`` the server closing the connection is the goal, not a failure."""
@@ -341,15 +358,7 @@ def test_info_only_connection_then_server_keeps_serving(servers, drivers, sock_d
 
     if target == "mirror":
         # A task starts afterwards: a fresh connection, Init, data.
-        driver = drivers(path)
-        assert driver.init(timeout=30).success
-        points = [make_point(9, j) for j in range(20)]
-        for point in points:
-            driver.send(udf_pb2.Request(point=point))
-        driver.close(timeout=30)
-        assert_no_error(driver, "task connection")
-        assert "info" not in driver.responses.kinds()
-        assert_same_points(driver.responses.of("point"), points, "task connection")
+        assert_echo_task(drivers(path), 9, 20, "task connection")
     assert server.process.poll() is None, server.log()
 
 
@@ -416,14 +425,7 @@ def test_second_server_on_a_live_socket_refuses_and_first_keeps_working(servers,
     # The live server's file is untouched and the server still answers.
     assert stat.S_ISSOCK(os.lstat(path).st_mode) and os.lstat(path).st_ino == inode
     assert first.process.poll() is None, first.log()
-    driver = drivers(path)
-    assert driver.init(timeout=30).success
-    points = [make_point(1, j) for j in range(30)]
-    for point in points:
-        driver.send(udf_pb2.Request(point=point))
-    driver.close(timeout=30)
-    assert_no_error(driver, "first server")
-    assert_same_points(driver.responses.of("point"), points, "first server")
+    assert_echo_task(drivers(path), 1, 30, "first server")
 
 
 @pytest.mark.parametrize("mode_args, expected", [((), 0o660), (("--socket-mode", "0600"), 0o600)])
@@ -449,9 +451,7 @@ def test_signal_finishes_open_session_and_removes_socket(servers, sock_dir, sign
     server = servers.start(path, "mirror", "--flush-interval", "60s")
     client = RawClient(path)
     try:
-        client.send(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t", nodeID="mirror1")))
-        client.read_until(lambda: client.of("init"), timeout=30)
-        assert client.of("init")[0].success
+        assert client.init().success
         # Enough output to fill the socket buffer while we do not read: the
         # session stays open after the signal until we read.
         points = [make_point(3, j) for j in range(10_000)]
@@ -491,8 +491,7 @@ def test_stop_while_kapacitor_is_between_a_length_and_its_body(servers, sock_dir
     server = servers.start(path, "mirror", "--flush-interval", "60s")
     client = RawClient(path)
     try:
-        client.send(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t", nodeID="mirror1")))
-        client.read_until(lambda: client.of("init"), timeout=30)
+        assert client.init().success
         point = make_point(4, 0)
         client.send(udf_pb2.Request(point=point))
         client.send(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=77)))
@@ -548,14 +547,7 @@ def test_garbage_ends_only_its_own_connection_with_an_error(servers, drivers, so
     assert_same_points(good.responses.of("point"), first + second, "good connection")
 
     # And new connections are still served.
-    later = drivers(path)
-    assert later.init(timeout=30).success
-    points = [make_point(5, j) for j in range(10)]
-    for point in points:
-        later.send(udf_pb2.Request(point=point))
-    later.close(timeout=30)
-    assert_no_error(later, "later connection")
-    assert_same_points(later.responses.of("point"), points, "later connection")
+    assert_echo_task(drivers(path), 5, 10, "later connection")
     assert server.process.poll() is None, server.log()
 
 
@@ -651,16 +643,8 @@ def test_moving_avg_over_socket_two_concurrent_connections(servers, drivers, soc
     def send(i: int, times: range) -> None:
         for t in times:
             for group, values in series[i].items():
-                conns[i].point(
-                    time=t * SECOND,
-                    name="cpu",
-                    database="telegraf",
-                    retentionPolicy="autogen",
-                    group=f"group={group}",
-                    dimensions=["group"],
-                    tags={"group": group, "conn": f"c{i}"},
-                    fieldsDouble={"value": values[t]},
-                )
+                point = grouped_point(t * SECOND, group, values[t], database="telegraf", retentionPolicy="autogen", tags={"conn": f"c{i}"})
+                conns[i].send(udf_pb2.Request(point=point))
 
     failures: list[BaseException] = []
 

@@ -290,6 +290,23 @@ class InProcessAgent:
         return self.exit_code
 
 
+def grouped_point(time: int, group: str, value: float, **extra: Any) -> udf_pb2.Point:
+    """A stream point of measurement ``cpu`` grouped by its tag ``group``, with one double field ``value``.
+
+    ``extra`` sets more Point fields (``tags`` are merged).
+    """
+    tags = {"group": group, **extra.pop("tags", {})}
+    return udf_pb2.Point(
+        time=time,
+        name="cpu",
+        group=f"group={group}",
+        dimensions=["group"],
+        tags=tags,
+        fieldsDouble={"value": value},
+        **extra,
+    )
+
+
 def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
     """Kapacitor's own moving-average test stream, grouped by tag ``group``.
 
@@ -297,7 +314,6 @@ def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
     0, 0 at 11 s. A 10-point moving average gives a -> 0.9, b -> 1.9 at 10 s.
     ``extra`` sets more Point fields (``tags`` are merged).
     """
-    extra_tags = extra.pop("tags", {})
     points = []
     for t in range(12):
         for group, value in (("a", 1.0), ("b", 2.0)):
@@ -305,14 +321,5 @@ def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
                 value = 0.0 if group == "a" else 1.0
             elif t == 11:
                 value = 0.0
-            point = udf_pb2.Point(
-                time=t * 1_000_000_000,
-                name="cpu",
-                group=f"group={group}",
-                dimensions=["group"],
-                tags={"group": group, **extra_tags},
-                fieldsDouble={"value": value},
-                **extra,
-            )
-            points.append(point)
+            points.append(grouped_point(t * 1_000_000_000, group, value, **extra))
     return points
