@@ -3,6 +3,8 @@ import sys
 
 import pytest
 
+from udf_agent.testing import KapacitorDriver
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 
@@ -28,6 +30,21 @@ def engines(spark_engine):
     from udf_agent.engine import Engines
 
     return Engines(lambda: spark_engine)
+
+
+@pytest.fixture
+def drivers():
+    """Starts ``udf-agent ARGS`` processes (KapacitorDriver); each is killed after the test."""
+    started = []
+
+    def start(*args, **kwargs):
+        driver = KapacitorDriver(*args, **kwargs)
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.kill()
 
 
 _MEASURED: list[str] = []

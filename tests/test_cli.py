@@ -99,6 +99,7 @@ def test_bad_durations_and_conf_are_usage_errors(runner):
         (["run", "mirror", "--flush-interval", "soon"], "is not a duration"),
         (["run", "mirror", "--conf", "novalue"], "key=value"),
         (["run", "mirror", "--max-batch-points", "0"], "max-batch-points"),
+        (["run", "mirror", "--drain-timeout", "0s"], "greater than zero"),
         (["serve", "--socket", "/tmp/x.sock", "--socket-mode", "rw", "mirror"], "octal"),
     ):
         result = runner.invoke(main, args)
@@ -111,3 +112,10 @@ def test_kapacitor_conf_prints_defaults_as_tickscript_literals(runner, monkeypat
     result = runner.invoke(main, ["info", "tests.udfs.sample:tick_defaults", "--kapacitor-conf", "t"])
     assert result.exit_code == 0, result.output
     assert "@t().every(5s).tiny(0.0000001).pair(2, 1500ms)" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_help_documents_the_drain_timeout(runner, command):
+    result = runner.invoke(main, [command, "--help"])
+    assert result.exit_code == 0
+    assert "--drain-timeout" in result.output and "[default: 5s]" in result.output

@@ -70,20 +70,6 @@ def assert_only_frames(driver, kinds):
     assert len(responses) == len(driver.responses.items)
 
 
-@pytest.fixture
-def drivers():
-    started = []
-
-    def start(*args, **kwargs):
-        driver = KapacitorDriver(*args, **kwargs)
-        started.append(driver)
-        return driver
-
-    yield start
-    for driver in started:
-        driver.kill()
-
-
 def test_info_is_answered_within_a_second_of_process_start(drivers, report):
     timings = []
     for _ in range(3):
@@ -174,8 +160,9 @@ def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
 
 
 def test_eof_mid_stream_loses_no_accepted_point(drivers, report):
-    # EOF arrives while Spark is still starting and with a micro-batch open.
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--max-batch-points", "700")
+    # EOF arrives while Spark is still starting and with a micro-batch open; the drain
+    # timeout leaves a cold Spark the time to start.
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--max-batch-points", "700", "--drain-timeout", "300s")
     assert driver.init(option("field", "v"), option("size", 3)).success
     for i in range(2_000):
         driver.point(time=i, name="m", group=f"g={i % 7}", dimensions=["g"], tags={"g": str(i % 7)}, fieldsInt={"v": i})

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
@@ -38,6 +38,20 @@ class AgentConfig:
     # Points accepted but not yet computed before the reader stops reading:
     # enough to ride out Spark's start-up and slow micro-batches at full rate.
     max_pending_points: int = 500_000
+    # After input ends (EOF, SIGTERM) accepted work is computed and written for
+    # at most this long: Kapacitor waits for the UDF's exit without limit.
+    drain_timeout: float = 5.0
+
+
+Deadline = Callable[[], "float | None"]
+
+
+class WriteTimeout(OSError):
+    """Output was not written by the writer's deadline; ``written`` bytes of it were."""
+
+    def __init__(self, written: int):
+        super().__init__(f"output not written by the deadline ({written} byte(s) of it were)")
+        self.written = written
 
 
 class Connection(Protocol):
@@ -45,7 +59,8 @@ class Connection(Protocol):
 
     def read(self, size: int) -> bytes: ...
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes, deadline: Deadline = ...) -> None:
+        """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""
 
     def close_write(self) -> None: ...
 
@@ -53,14 +68,22 @@ class Connection(Protocol):
 
 
 class Writer:
-    """The single writer: frames in order, keepalive replies ahead of queued data."""
+    """The single writer: frames in order, keepalive replies ahead of queued data.
+
+    Once ``drain_by`` has set a deadline, output that cannot be written by
+    then is dropped (and counted) and the output is closed: after the end of
+    input nothing may keep the agent alive, not even a peer that stopped reading.
+    """
 
     def __init__(self, connection: Connection):
         self._connection = connection
         self._frames: deque[bytes] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._deadline: float | None = None
         self.broken: BaseException | None = None
+        self.unwritten_frames = 0
+        self.unwritten_bytes = 0
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
         self._thread.start()
 
@@ -84,20 +107,33 @@ class Writer:
             self._closing = True
             self._cond.notify()
 
+    def drain_by(self, deadline: float) -> None:
+        """Output not written by ``deadline`` (monotonic) is dropped; the earliest deadline wins."""
+        with self._cond:
+            if self._deadline is None or deadline < self._deadline:
+                self._deadline = deadline
+            self._cond.notify()
+
     def join(self) -> None:
         self._thread.join()
+
+    def _current_deadline(self) -> float | None:
+        return self._deadline
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._frames and not self._closing:
                     self._cond.wait()
-                chunk = b"".join(self._frames)
+                frames = list(self._frames)
                 self._frames.clear()
                 done = self._closing
             try:
-                if chunk:
-                    self._connection.write(chunk)
+                if frames:
+                    self._connection.write(b"".join(frames), self._current_deadline)
+            except WriteTimeout as exc:
+                self._count_unwritten(frames, exc.written)
+                done = True
             except OSError as exc:
                 log.error("cannot write to Kapacitor (%s); stopping", exc)
                 self.broken = exc
@@ -106,6 +142,8 @@ class Writer:
             if done:
                 with self._cond:
                     self._closing = True
+                    if self._deadline is not None:
+                        self._count_unwritten(list(self._frames), 0)
                     self._frames.clear()
                 try:
                     self._connection.close_write()
@@ -113,10 +151,24 @@ class Writer:
                     pass
                 return
 
+    def _count_unwritten(self, frames: list[bytes], written: int) -> None:
+        # Frames wholly written before the deadline count as sent; the rest,
+        # including one cut short, as dropped.
+        for frame in frames:
+            if written >= len(frame):
+                written -= len(frame)
+                continue
+            self.unwritten_frames += 1
+            self.unwritten_bytes += len(frame) - written
+            written = 0
+
 
 class _Finish:
-    def __init__(self, error: str | None = None):
+    """The end of the work: ``error`` goes out as the last frame, then the agent exits with ``code``."""
+
+    def __init__(self, error: str | None = None, code: int = 1):
         self.error = error
+        self.code = code if error is not None else 0
 
 
 class UDFError(RuntimeError):
@@ -144,7 +196,12 @@ class Agent:
         self._job: Any = None
         self._groups: dict[str, tuple[bytes | None, str | None]] = {}
         self._stop_reading = threading.Event()
+        self._stop_reason: str | None = None
         self._compute_done = threading.Event()
+        # Set when input ends: accepted work is computed and written until then, no longer.
+        self._drain_deadline: float | None = None
+        self._abandoned = False
+        self._computing = 0  # points of the micro-batch being computed
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -166,11 +223,45 @@ class Agent:
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
         self.start_reading()
-        compute.join()
+        not_computed = self._wait_for_compute(compute)
         self.writer.join()
+        self._report_drain(not_computed)
         if self.writer.broken is not None and self.exit_code == 0:
             self.exit_code = 1
         return self.exit_code
+
+    def _wait_for_compute(self, compute: threading.Thread) -> int:
+        """Joins the compute thread, or abandons it at the drain deadline; the points left uncomputed."""
+        while compute.is_alive():
+            deadline = self._drain_deadline
+            if deadline is None:
+                compute.join(0.1)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return self._abandon()
+            compute.join(min(remaining, 0.1))
+        return 0
+
+    def _abandon(self) -> int:
+        """The drain deadline passed with work left: it is dropped, and the output closed."""
+        with self._cond:
+            self._abandoned = True
+            not_computed = self._computing + self._points_waiting()
+            self._work.clear()
+            self._compute_done.set()
+            self._cond.notify_all()
+        self.writer.close()
+        return not_computed
+
+    def _report_drain(self, not_computed: int) -> None:
+        frames, size = self.writer.unwritten_frames, self.writer.unwritten_bytes
+        if not_computed or frames:
+            log.warning(
+                "drain timeout (%g s) after the end of input: %d accepted point(s) not computed, "
+                "%d output frame(s) (%d bytes) not written; the rest was sent",
+                self.config.drain_timeout, not_computed, frames, size,
+            )
 
     def _adopt(self, spec: UDFSpec) -> None:
         with self._cond:
@@ -187,10 +278,22 @@ class Agent:
                     break
             self._cond.notify_all()
 
-    def stop_reading(self) -> None:
-        """Treats input as ended: what was accepted is computed and sent, then the agent ends."""
+    def stop_reading(self, reason: str | None = None) -> None:
+        """Treats input as ended: what was accepted is computed and sent (within the drain
+        timeout), then ``reason``, if given, as an ErrorResponse, and the agent ends."""
+        with self._cond:
+            if self._stop_reason is None:
+                self._stop_reason = reason
         self._stop_reading.set()
+        self._input_ended()
         self.connection.abort_read()
+
+    def _input_ended(self) -> None:
+        """Starts the drain: from now on nothing may take longer than the drain timeout."""
+        with self._cond:
+            if self._drain_deadline is None:
+                self._drain_deadline = time.monotonic() + self.config.drain_timeout
+                self.writer.drain_by(self._drain_deadline)
 
     # ---- reader ----
 
@@ -209,6 +312,7 @@ class Agent:
             while not self._stop_reading.is_set():
                 data = self.connection.read(READ_SIZE)
                 if not data:
+                    self._input_ended()
                     # A read side we shut down ourselves is no truncated input.
                     if not self._stop_reading.is_set():
                         splitter.close()
@@ -229,11 +333,13 @@ class Agent:
                     self._dispatch(session.fail(str(exc)))
             return
         except OSError as exc:
+            self._input_ended()
             if not self._stop_reading.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
         with self._cond:
             self._dispatch(self._session_ready().finish())
-            self._work.append(_Finish())
+            # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
+            self._work.append(_Finish(self._stop_reason, code=0))
             self._cond.notify_all()
 
     def _receive(self, bodies: list[bytes], frames_before: int) -> bool:
@@ -301,7 +407,11 @@ class Agent:
         # Past the budget of waiting points, not reading is the backpressure:
         # Kapacitor's writes block, and heartbeats keep its watchdog fed meanwhile.
         with self._cond:
-            while self._points_waiting() >= self.config.max_pending_points and not self._compute_done.is_set():
+            while (
+                self._points_waiting() >= self.config.max_pending_points
+                and not self._compute_done.is_set()
+                and not self._stop_reading.is_set()
+            ):
                 if not self._cond.wait(HEARTBEAT_INTERVAL):
                     self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
 
@@ -320,7 +430,7 @@ class Agent:
             while True:
                 item = self._next_work()
                 if isinstance(item, _Finish):
-                    self._finish(item.error)
+                    self._finish(item.error, item.code)
                     return
                 if isinstance(item, Compute):
                     self._compute(item)
@@ -337,6 +447,8 @@ class Agent:
     def _next_work(self) -> Any:
         with self._cond:
             while not self._work:
+                if self._abandoned:
+                    return _Finish()
                 now = time.monotonic()
                 deadline = self.session.deadline()
                 if deadline is not None and now >= deadline:
@@ -349,13 +461,17 @@ class Agent:
             self._cond.notify_all()
             return item
 
-    def _finish(self, error: str | None) -> None:
+    def _finish(self, error: str | None, code: int = 1) -> None:
         self._stop_reading.set()
         with self._cond:
             self._compute_done.set()
             self._cond.notify_all()
+            if self._abandoned:
+                return
+        # Even a peer that stopped reading must not hold the last frames (and the exit) for ever.
+        self.writer.drain_by(time.monotonic() + self.config.drain_timeout)
         if error is not None:
-            self.exit_code = 1
+            self.exit_code = code
             self.writer.close(error_frame(error))
             self.connection.abort_read()
         else:
@@ -385,11 +501,16 @@ class Agent:
                 rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))
         tasks = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
         started = time.monotonic()
+        self._computing = batch.count
         try:
             results = self.engines.engine_for(self.spec).run(self._job, tasks)
         except Exception as exc:
             log.exception("compute engine failed")
             raise UDFError(f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}") from exc
+        finally:
+            self._computing = 0
+        if self._abandoned:
+            return
         emitted = 0
         for result in results.itertuples(index=False):
             if isinstance(result.error, str):

@@ -57,6 +57,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
+        click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
     ]
     for decorator in reversed(decorators):
@@ -86,7 +87,7 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
     return Engines(make_spark)
 
 
-def _agent_config(flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int) -> Any:
+def _agent_config(flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float) -> Any:
     from udf_agent.agent import AgentConfig
 
     return AgentConfig(
@@ -94,7 +95,28 @@ def _agent_config(flush_interval: float, max_batch_points: int, max_pending_poin
         flush_interval=flush_interval,
         max_pending_points=max_pending_points,
         max_frame_size=max_frame_size,
+        drain_timeout=drain_timeout,
     )
+
+
+def _on_stop_signals(stop: Any) -> None:
+    """The first SIGTERM/SIGINT calls ``stop(reason)`` (an orderly drain); a second exits at once."""
+    import logging
+
+    received: list[int] = []
+
+    def handle(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            logging.getLogger("udf_agent").warning("second %s: exiting now, without draining", name)
+            sys.stderr.flush()
+            os._exit(128 + signum)
+        received.append(signum)
+        logging.getLogger("udf_agent").warning("%s received: finishing accepted work, then exiting (send it again to exit at once)", name)
+        stop(f"udf-agent stopped: received {name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handle)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,7 +128,7 @@ def main() -> None:
 @main.command()
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, log_level: str) -> None:
+def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float, log_level: str) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -116,7 +138,8 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
     connection = claim_stdio()
     configure_logging(log_level)
     engines = _engines(master, confs)
-    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size))
+    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size, drain_timeout))
+    _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
     code = agent.run(_load(target))
@@ -128,7 +151,7 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, log_level: str) -> None:
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float, log_level: str) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -143,14 +166,13 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
     configure_logging(log_level)
     spec = _load(target)
     engines = _engines(master, confs)
-    config = _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size)
-    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode)
+    config = _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size, drain_timeout)
+    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=drain_timeout)
     try:
         server.bind()
     except SocketServerError as exc:
         raise click.ClickException(str(exc)) from None
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: server.shutdown())
+    _on_stop_signals(server.shutdown)
     server.serve_forever()
     _exit(0, engines)
 
@@ -272,12 +294,17 @@ def _tick_duration(ns: int) -> str:
     return f"{ns}ns"
 
 
+# Kapacitor waits for the process's exit after our output ends: Spark gets this long
+# to stop cleanly; its JVM exits by itself once this process is gone.
+SPARK_STOP_GRACE = 2.0
+
+
 def _exit(code: int, engines: Any) -> None:
     """Ends the process once every frame is out: Spark's JVM follows its parent down."""
     import threading
 
     stopper = threading.Thread(target=engines.stop, daemon=True)
     stopper.start()
-    stopper.join(timeout=10)
+    stopper.join(timeout=SPARK_STOP_GRACE)
     sys.stderr.flush()
     os._exit(code)

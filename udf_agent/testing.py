@@ -73,11 +73,16 @@ class Responses:
         self._cond = threading.Condition()
         self.keepalive_seen: dict[int, float] = {}
         self.error: BaseException | None = None
+        self._stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
+
+    def stop_reading(self) -> None:
+        """Leaves the agent's output unread from now on, as Kapacitor does when it aborts a task."""
+        self._stop.set()
 
     def _run(self) -> None:
         try:
-            while True:
+            while not self._stop.is_set():
                 data = self._stream.recv(1 << 20) if hasattr(self._stream, "recv") else os.read(self._stream.fileno(), 1 << 20)
                 if not data:
                     break
@@ -221,6 +226,13 @@ class KapacitorDriver(_Driver):
         """Closes the agent's stdin as Kapacitor does on stop, and waits for it to exit."""
         self.process.stdin.close()
         self.responses.closed.wait(timeout)
+        return self.process.wait(timeout)
+
+    def abort(self, timeout: float = 180) -> int:
+        """A task stop: Kapacitor stops reading the agent's output, closes its stdin and
+        waits for it to exit (without limit; here ``timeout``)."""
+        self.responses.stop_reading()
+        self.process.stdin.close()
         return self.process.wait(timeout)
 
     def kill(self) -> None:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import stat
 import sys
 import threading
+import time
 from typing import Callable
 
-from udf_agent.agent import Agent
+from udf_agent.agent import Agent, Deadline, WriteTimeout
 
 log = logging.getLogger(__name__)
 
@@ -24,28 +26,79 @@ _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENO
 MAX_SOCKET_PATH = 107
 
 
+# How often a blocked write looks again at a deadline that may have been set meanwhile.
+_POLL_SLICE = 0.05
+
+
+def _wait_writable(fd: int, deadline: Deadline, written: int) -> None:
+    """Waits until ``fd`` takes more output; WriteTimeout once the deadline (read afresh) passes."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while True:
+        limit = deadline()
+        timeout = _POLL_SLICE
+        if limit is not None:
+            timeout = min(timeout, limit - time.monotonic())
+            if timeout <= 0:
+                raise WriteTimeout(written)
+        if poller.poll(timeout * 1000):
+            return
+
+
+def _no_deadline() -> None:
+    return None
+
+
 class FdConnection:
-    """Kapacitor over a pair of file descriptors (the process's stdin/stdout)."""
+    """Kapacitor over a pair of file descriptors (the process's stdin/stdout).
+
+    Reads can be interrupted (``abort_read``, e.g. on SIGTERM) and writes to a
+    pipe never block past the writer's deadline: a peer that stops reading our
+    output must not keep the process alive after its input ended.
+    """
 
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
+        self._wake_read, self._wake_write = os.pipe()
+        # Only pipes and sockets can block without end; a terminal's or a file's
+        # open-file flags are shared with the shell and are left alone.
+        mode = os.fstat(write_fd).st_mode
+        self._bounded_writes = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+        if self._bounded_writes:
+            os.set_blocking(write_fd, False)
+        self._poller = select.poll()
+        self._poller.register(read_fd, select.POLLIN)
+        self._poller.register(self._wake_read, select.POLLIN)
 
     def read(self, size: int) -> bytes:
-        return os.read(self._read_fd, size)
+        while True:
+            ready = {fd for fd, _ in self._poller.poll()}
+            if self._wake_read in ready:
+                return b""
+            if ready:
+                return os.read(self._read_fd, size)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, deadline: Deadline = _no_deadline) -> None:
         view = memoryview(data)
+        total = len(view)
         while view:
-            view = view[os.write(self._write_fd, view) :]
+            try:
+                view = view[os.write(self._write_fd, view) :]
+            except BlockingIOError:
+                pass
+            if view:
+                _wait_writable(self._write_fd, deadline, total - len(view))
 
     def close_write(self) -> None:
         os.close(self._write_fd)
 
     def abort_read(self) -> None:
-        # A blocking pipe read cannot be interrupted; the reader is a daemon
-        # thread and ends with the process.
-        pass
+        """Makes the pending and every later ``read`` return end of input."""
+        try:
+            os.write(self._wake_write, b"x")
+        except OSError:
+            pass
 
 
 class SocketConnection:
@@ -57,8 +110,16 @@ class SocketConnection:
     def read(self, size: int) -> bytes:
         return self._sock.recv(size)
 
-    def write(self, data: bytes) -> None:
-        self._sock.sendall(data)
+    def write(self, data: bytes, deadline: Deadline = _no_deadline) -> None:
+        view = memoryview(data)
+        total = len(view)
+        while view:
+            try:
+                view = view[self._sock.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                pass
+            if view:
+                _wait_writable(self._sock.fileno(), deadline, total - len(view))
 
     def close_write(self) -> None:
         try:
@@ -101,9 +162,11 @@ class SocketServerError(Exception):
 class UnixSocketServer:
     """Serves one independent agent session per connection, many at once."""
 
-    def __init__(self, path: str, make_agent: Callable[[SocketConnection], Agent], mode: int = 0o660):
+    def __init__(self, path: str, make_agent: Callable[[SocketConnection], Agent], mode: int = 0o660, drain_timeout: float = 5.0):
         self.path = os.path.abspath(path)
         self.mode = mode
+        self.drain_timeout = drain_timeout
+        self._stop_reason: str | None = None
         self._make_agent = make_agent
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
@@ -157,8 +220,10 @@ class UnixSocketServer:
         finally:
             self._close()
 
-    def shutdown(self) -> None:
-        """Stops accepting; open sessions finish what they accepted, then end."""
+    def shutdown(self, reason: str | None = None) -> None:
+        """Stops accepting; open sessions finish what they accepted within the drain
+        timeout, send ``reason`` (if given) as their ErrorResponse, then end."""
+        self._stop_reason = reason
         self._stopping.set()
 
     def _serve_connection(self, conn: socket.socket) -> None:
@@ -169,7 +234,7 @@ class UnixSocketServer:
             with self._lock:
                 self._sessions[thread] = agent
             if self._stopping.is_set():
-                agent.stop_reading()
+                agent.stop_reading(self._stop_reason)
             code = agent.run()
             log.info("session ended (%s)", "ok" if code == 0 else "with an error")
         except Exception:
@@ -188,9 +253,14 @@ class UnixSocketServer:
             log.info("stopping: finishing %d open session(s)", len(sessions))
         for _, agent in sessions:
             if agent is not None:
-                agent.stop_reading()
+                agent.stop_reading(self._stop_reason)
+        # Each session's writer gives up at its drain deadline; the margin covers the rest.
+        deadline = time.monotonic() + self.drain_timeout + 1.0
         for thread, _ in sessions:
-            thread.join()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = sum(thread.is_alive() for thread, _ in sessions)
+        if stuck:
+            log.warning("%d session(s) did not end within the drain timeout; exiting anyway", stuck)
         try:
             os.unlink(self.path)
         except FileNotFoundError:

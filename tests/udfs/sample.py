@@ -20,6 +20,13 @@ def sleepy(df, ctx):
     return df
 
 
+@stream_udf(options=[Option("seconds", float, default=0.5)], compute=False)
+def slow_local(df, ctx):
+    """Sleeps in every call, then echoes, without Spark: a backlog that takes long to compute."""
+    time.sleep(ctx.options["seconds"])
+    return df
+
+
 @stream_udf(compute=False)
 def noisy(df, ctx):
     """Prints through every route to stdout it can, then echoes."""

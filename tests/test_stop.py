@@ -1,0 +1,177 @@
+"""How the agent stops: EOF, task stop (output no longer read), SIGTERM, a second SIGTERM.
+
+Kapacitor stops a UDF by closing its stdin and waiting, without limit and without a
+kill, for stdout EOF and the process's exit; a task stop first stops reading the
+UDF's output. Whatever is queued, the agent must be gone within the drain timeout.
+These tests inject each case into real processes over real pipes and sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from udf_agent import udf_pb2
+from udf_agent.agent import Writer
+from udf_agent.codec import FrameDecoder, encode_frame
+from udf_agent.testing import grouped_point
+from udf_agent.transports import SocketConnection
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the process may take beyond its drain timeout: interpreter exit and slack for a loaded machine.
+EXIT_MARGIN = 3.0
+
+
+def send_points(driver, count, groups=10):
+    for i in range(count):
+        driver.send(udf_pb2.Request(point=grouped_point(i, f"g{i % groups}", float(i))))
+
+
+def wait_accepted(driver, stamp=7):
+    """A keepalive's answer means every frame sent before it was read and accepted."""
+    driver.keepalive(stamp)
+    driver.responses.wait_for("keepalive", len(driver.responses.of("keepalive")) + 1, timeout=30)
+
+
+def test_a_task_stop_with_unread_output_exits_within_the_drain_timeout(drivers):
+    # mirror answers at once; with its output unread the pipe fills and every later
+    # write would block for ever.
+    driver = drivers("run", "mirror", "--flush-interval", "10ms", "--drain-timeout", "1s")
+    assert driver.init().success
+    send_points(driver, 50_000)
+    wait_accepted(driver)
+    started = time.monotonic()
+    code = driver.abort(timeout=30)
+    elapsed = time.monotonic() - started
+    assert code == 0, driver.log()
+    assert elapsed < 1.0 + EXIT_MARGIN, f"exit took {elapsed:.1f} s"
+    assert "output frame(s)" in driver.log() and "not written" in driver.log()
+
+
+def test_eof_with_a_slow_backlog_computes_what_the_drain_timeout_allows(drivers, report):
+    # Each call takes 0.3 s and closes a micro-batch of 10 points: 200 points need 6 s.
+    driver = drivers(
+        "run", "tests.udfs.sample:slow_local", "--flush-interval", "10ms", "--max-batch-points", "10",
+        "--drain-timeout", "1s", cwd=ROOT,
+    )
+    assert driver.init(udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=0.3)])).success
+    send_points(driver, 200, groups=1)
+    wait_accepted(driver)
+    started = time.monotonic()
+    code = driver.close(timeout=30)
+    elapsed = time.monotonic() - started
+    assert code == 0, driver.log()
+    assert elapsed < 1.0 + EXIT_MARGIN, f"exit took {elapsed:.1f} s"
+    times = [p.time for p in driver.responses.of("point")]
+    # What went out is the start of the input, in order, each point once; the rest is counted.
+    assert 0 < len(times) < 200 and times == list(range(len(times)))
+    assert "accepted point(s) not computed" in driver.log()
+    report(f"EOF with a 6 s backlog and --drain-timeout 1s: {len(times)} of 200 points out, exit {elapsed:.2f} s after EOF")
+
+
+def test_sigterm_sends_accepted_output_then_says_why_and_exits_0(drivers):
+    driver = drivers("run", "mirror", "--flush-interval", "1h")
+    assert driver.init().success
+    send_points(driver, 1_000)
+    wait_accepted(driver)
+    driver.process.send_signal(signal.SIGTERM)
+    assert driver.process.wait(timeout=10) == 0, driver.log()
+    driver.responses.closed.wait(10)
+    kinds = [k for k in driver.responses.kinds() if k != "keepalive"]
+    assert kinds == ["init"] + ["point"] * 1_000 + ["error"], kinds[-3:]
+    assert driver.responses.of("error")[0].error == "udf-agent stopped: received SIGTERM"
+
+
+def test_a_second_sigterm_exits_at_once(drivers):
+    driver = drivers(
+        "run", "tests.udfs.sample:slow_local", "--flush-interval", "10ms", "--drain-timeout", "60s", cwd=ROOT,
+    )
+    assert driver.init(udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=30.0)])).success
+    send_points(driver, 10)
+    wait_accepted(driver)
+    time.sleep(0.3)  # the micro-batch is computing: the drain would take 30 s
+    driver.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    started = time.monotonic()
+    driver.process.send_signal(signal.SIGTERM)
+    assert driver.process.wait(timeout=10) == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 2.0
+    assert "second SIGTERM" in driver.log()
+
+
+def test_serve_shuts_down_on_sigterm_while_a_client_does_not_read():
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "mirror.sock")
+        with open(os.path.join(directory, "server.err"), "wb") as err:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "udf_agent", "serve", "--socket", path, "--flush-interval", "10ms", "--drain-timeout", "1s", "mirror"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            )
+            try:
+                client = _connect(path)
+                client.sendall(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest())))
+                # Enough output to fill the socket's buffers many times over; never read.
+                frames = b"".join(encode_frame(udf_pb2.Request(point=grouped_point(i, "a", float(i)))) for i in range(20_000))
+                client.sendall(frames)
+                time.sleep(1.0)
+                started = time.monotonic()
+                server.send_signal(signal.SIGTERM)
+                code = server.wait(timeout=30)
+                elapsed = time.monotonic() - started
+                client.close()
+            finally:
+                if server.poll() is None:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait()
+        log = open(os.path.join(directory, "server.err"), errors="replace").read()
+        assert code == 0, log
+        assert elapsed < 1.0 + EXIT_MARGIN, f"shutdown took {elapsed:.1f} s\n{log}"
+        assert not os.path.exists(path)
+
+
+def _connect(path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_the_writer_drops_and_counts_what_the_peer_does_not_read_by_the_deadline():
+    ours, theirs = socket.socketpair()
+    writer = Writer(SocketConnection(ours))
+    frames = [encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=i))) for i in range(200_000)]
+    for frame in frames:
+        writer.send(frame)
+    writer.drain_by(time.monotonic() + 0.3)
+    writer.close()
+    started = time.monotonic()
+    writer.join()
+    assert time.monotonic() - started < 0.3 + 1.0
+    assert writer.unwritten_frames > 0
+    # The peer gets whole frames in order (the one cut short aside), then EOF.
+    received = bytearray()
+    theirs.settimeout(5)
+    while chunk := theirs.recv(1 << 20):
+        received += chunk
+    decoder = FrameDecoder(udf_pb2.Response)
+    got = decoder.feed(bytes(received))
+    assert [r.keepalive.time for r in got] == list(range(len(got)))
+    assert len(got) + writer.unwritten_frames == len(frames)
+    ours.close()
+    theirs.close()
