@@ -10,7 +10,7 @@ import pytest
 
 from udf_agent.testing import KapacitorDriver, option, reference_stream
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameDecoder
+from udf_agent.codec import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
 def test_eof_mid_stream_loses_no_accepted_point(drivers, report):
     # EOF arrives while Spark is still starting and with a micro-batch open; the drain
     # timeout leaves a cold Spark the time to start.
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--max-batch-points", "700", "--drain-timeout", "300s")
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--flush-interval", "1h", "--no-adaptive-flush", "--max-batch-points", "700", "--drain-timeout", "300s")
     assert driver.init(option("field", "v"), option("size", 3)).success
     for i in range(2_000):
         driver.point(time=i, name="m", group=f"g={i % 7}", dimensions=["g"], tags={"g": str(i % 7)}, fieldsInt={"v": i})
@@ -179,8 +179,9 @@ def test_eof_mid_stream_loses_no_accepted_point(drivers, report):
         assert point.fieldsDouble["avg"] == pytest.approx(sum(window) / len(window), rel=1e-9)
 
 
-def test_mirror_eof_flushes_everything_without_spark(drivers):
-    driver = drivers("run", "mirror", "--flush-interval", "1h")
+def test_eof_flushes_every_buffered_point_without_spark(drivers):
+    # Nothing computes until EOF: every point is still buffered when stdin closes.
+    driver = drivers("run", "tests.udfs.sample:local_echo", "--flush-interval", "1h", "--no-adaptive-flush", cwd=ROOT)
     assert driver.init().success
     for i in range(10_000):
         driver.point(time=i, name="m", fieldsDouble={"x": i * 0.5}, fieldsBool={"b": i % 2 == 0})
@@ -188,6 +189,21 @@ def test_mirror_eof_flushes_everything_without_spark(drivers):
     points = driver.responses.of("point")
     assert [p.time for p in points] == list(range(10_000))
     assert all(p.fieldsBool["b"] == (p.time % 2 == 0) for p in points)
+    assert "starting Spark" not in driver.log()
+
+
+def test_mirror_sends_back_the_bytes_kapacitor_sent_in_arrival_order(drivers):
+    driver = drivers("run", "mirror")
+    assert driver.init().success
+    frames = []
+    for i in range(5_000):
+        point = udf_pb2.Point(time=i, name="cpu", database="db", retentionPolicy="rp", group=f"host=h{i % 97}",
+                              dimensions=["host"], tags={"host": f"h{i % 97}"}, fieldsDouble={"v": i / 7, "nan": float("nan")})
+        frames.append(encode_frame(udf_pb2.Request(point=point)))
+    driver.send_raw(b"".join(frames))
+    assert driver.close(timeout=60) == 0
+    init_reply = bytes.fromhex("04 12 02 08 01")
+    assert bytes(driver.responses.raw) == init_reply + b"".join(frames)
     assert "starting Spark" not in driver.log()
 
 
@@ -254,8 +270,9 @@ def test_keepalives_are_answered_while_the_udf_module_imports(drivers, report):
 
 
 def test_a_malformed_point_is_reported_as_a_protocol_error(drivers):
-    # Well-framed, the group readable, but a field inside is not valid protobuf.
-    driver = drivers("run", "mirror", "--flush-interval", "10ms")
+    # Well-framed, the group readable, but a field inside is not valid protobuf. (mirror
+    # forwards points undecoded: it would hand this one back as Kapacitor sent it.)
+    driver = drivers("run", "tests.udfs.sample:local_echo", "--flush-interval", "10ms", cwd=ROOT)
     assert driver.init().success
     point = udf_pb2.Point(group="g", name="m").SerializeToString() + b"\x3a\x04\x0a\x05ab"  # a tags entry whose key overruns it
     body = b"\x8a\x01" + bytes([len(point)]) + point

@@ -5,15 +5,17 @@ Time is passed in explicitly, so micro-batch deadlines are tested exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable
 
 import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.builtins import mirror, moving_avg, outliers
-from udf_agent.codec import FrameDecoder
+from udf_agent.codec import FrameDecoder, PointRun, encode_frame
+from udf_agent.scan import FastFrameSplitter
 from udf_agent.guard import OutputGuard
-from udf_agent.session import Compute, Fail, Restore, Send, Session, Started
+from udf_agent.session import Compute, Emit, Fail, Restore, Send, Session, Started
 from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
 
 from udf_agent.testing import grouped_point, option
@@ -593,3 +595,61 @@ def test_outliers_refuses_a_scale_below_one():
     init = FrameDecoder(udf_pb2.Response).feed(reply.frame)[0].init
     assert not init.success and "'scale': must be >= 1, got 0.5" in init.error
     assert s.options is None
+
+
+# ---- passthrough (mirror): point runs go back as they came ----
+
+
+def _run(*requests: udf_pb2.Request) -> PointRun:
+    (run,) = FastFrameSplitter().feed(b"".join(encode_frame(r) for r in requests))
+    return run
+
+
+def test_a_point_run_before_init_is_a_protocol_error():
+    s = session(mirror)
+    (fail,) = s.receive_point_run(_run(point(1)), 0.0)
+    assert isinstance(fail, Fail) and "before a successful Init" in fail.message
+
+
+def test_a_point_run_is_sent_back_unchanged_after_init():
+    s = session(mirror)
+    drive(s, [init()])
+    run = _run(point(1, "a"), point(2, "b"))
+    assert s.receive_point_run(run, 0.0) == [Emit(run.frames)]
+    assert s.pending_points() == 0
+
+
+def test_mirror_points_one_by_one_are_sent_back_as_the_same_frames():
+    s = session(mirror)
+    drive(s, [init()])
+    request = point(1, "a")
+    assert drive(s, [request]) == [Emit(encode_frame(request))]
+
+
+@pytest.mark.parametrize("max_batch_points", [1, 3, 1000])
+def test_a_point_run_is_grouped_as_the_same_points_one_by_one(max_batch_points):
+    requests = [point(t, "abc"[t % 3], float(t)) for t in range(10)]
+    one_by_one = session(moving_avg, max_batch_points=max_batch_points)
+    drive(one_by_one, [init(*MOVING_AVG_OPTIONS)])
+    expected = [e for r in requests for e in one_by_one.receive(r, 0.0)] + one_by_one.finish()
+    as_run = session(moving_avg, max_batch_points=max_batch_points)
+    drive(as_run, [init(*MOVING_AVG_OPTIONS)])
+    got = as_run.receive_point_run(_run(*requests), 0.0) + as_run.finish()
+
+    def groups(events):
+        return [{g: rows.encoded() for g, rows in e.batch.groups.items()} for e in events]
+
+    assert groups(got) == groups(expected) and len(got) == len(expected) > 0
+
+
+def test_a_point_run_inside_a_batch_joins_the_batch():
+    s = session(outliers)
+    drive(s, [init(*OUTLIERS_OPTIONS), begin("g")])
+    run = _run(*(point(t, "g", float(t), batch=True) for t in range(4)))
+    assert s.receive_point_run(run, 0.0) == []
+    assert s.pending_points() == 4
+
+
+def test_passthrough_is_refused_where_it_cannot_hold():
+    with pytest.raises(ValueError, match="passthrough"):
+        dataclasses.replace(mirror, name="batchy", wants="batch", provides="batch")

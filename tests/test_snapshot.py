@@ -32,7 +32,7 @@ HISTORY = [(t, 1.0, 2.0) for t in range(10)]  # (seconds, a, b)
 TAIL = [(10, 0.0, 1.0), (11, 0.0, 0.0)]
 EXPECTED_TAIL = {("a", 10): 0.9, ("b", 10): 1.9, ("a", 11): 0.8, ("b", 11): 1.7}
 QUICK = AgentConfig(flush_interval=0.05)
-SLOW = AgentConfig(flush_interval=60.0)  # nothing is flushed on a timer
+SLOW = AgentConfig(flush_interval=60.0, adaptive_flush=False)  # nothing is flushed before a snapshot or EOF
 
 
 # ---- helpers ----
@@ -396,16 +396,20 @@ def test_load_snapshot_refuses_columns_of_the_wrong_type():
 
 
 def _slow_flush(session, delay=0.3):
-    """Makes the flush timer lose the CPU at the worst moment: just before it closes a micro-batch."""
-    original = session.flush_due
+    """Makes the compute thread lose the CPU at the worst moment: just before it closes a
+    micro-batch, whether the flush timer or an idle compute thread (adaptive flush) closes it."""
     calls = []
 
-    def flush_due(now):
-        calls.append(now)
-        time.sleep(delay)
-        return original(now)
+    def slowed(original):
+        def flush(*args):
+            calls.append(time.monotonic())
+            time.sleep(delay)
+            return original(*args)
 
-    session.flush_due = flush_due
+        return flush
+
+    session.flush_due = slowed(session.flush_due)
+    session.flush = slowed(session.flush)
     return calls
 
 

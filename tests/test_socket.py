@@ -32,6 +32,7 @@ SECOND = 1_000_000_000
 T0 = 1_700_000_000 * SECOND
 MAX_SOCKET_PATH = 107
 SERVE = [sys.executable, "-m", "udf_agent", "serve"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------- helpers
@@ -54,6 +55,7 @@ class Server:
             stderr=self._err,
             start_new_session=True,  # its own process group: teardown also reaches a Spark JVM
             preexec_fn=preexec_fn,
+            cwd=ROOT,  # test UDFs are imported as tests.udfs.*
         )
 
     @property
@@ -448,7 +450,7 @@ def test_socket_file_permissions(servers, sock_dir, mode_args, expected):
 def test_signal_finishes_open_session_and_removes_socket(servers, sock_dir, signum):
     path = os.path.join(sock_dir, "stop.sock")
     # A long flush interval: the points stay pending, only the stop can send them.
-    server = servers.start(path, "mirror", "--flush-interval", "60s")
+    server = servers.start(path, "tests.udfs.sample:local_echo", "--flush-interval", "60s", "--no-adaptive-flush")
     client = RawClient(path)
     try:
         assert client.init().success
@@ -490,7 +492,7 @@ def test_signal_finishes_open_session_and_removes_socket(servers, sock_dir, sign
 def test_stop_while_kapacitor_is_between_a_length_and_its_body(servers, sock_dir):
     # Kapacitor writes a frame's length and body separately: a stop can fall between them.
     path = os.path.join(sock_dir, "split.sock")
-    server = servers.start(path, "mirror", "--flush-interval", "60s")
+    server = servers.start(path, "tests.udfs.sample:local_echo", "--flush-interval", "60s", "--no-adaptive-flush")
     client = RawClient(path)
     try:
         assert client.init().success

@@ -20,9 +20,9 @@ from typing import Any, Callable, Protocol
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.engine import Engines
-from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, ProtocolError, parse_message, request_point
+from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
 from udf_agent.guard import error_frame, keepalive_frame
-from udf_agent.session import Compute, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,9 @@ class AgentConfig:
     # After input ends (EOF, SIGTERM) accepted work is computed and written for
     # at most this long: Kapacitor waits for the UDF's exit without limit.
     drain_timeout: float = 5.0
+    # An idle compute side takes what is buffered at once; without this, points
+    # wait for flush_interval or max_batch_points.
+    adaptive_flush: bool = True
 
 
 Deadline = Callable[[], "float | None"]
@@ -202,6 +205,9 @@ class Agent:
         self._drain_deadline: float | None = None
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
+        self._compute_busy = False  # the compute thread holds a work item
+        # The compiled frame scanner (udf_agent.scan), once loaded off the Info path.
+        self._fast_splitter: Any = None
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -317,11 +323,14 @@ class Agent:
                     if not self._stop_reading.is_set():
                         splitter.close()
                     break
+                if self._fast_splitter is not None and not isinstance(splitter, self._fast_splitter):
+                    splitter = self._fast_splitter.continuing(splitter)
+                frames_before = splitter.frames
                 try:
-                    bodies, error = splitter.feed(data), None
+                    pieces, error = splitter.feed(data), None
                 except ProtocolError as exc:
-                    bodies, error = exc.decoded, exc
-                if not self._receive(bodies, splitter.frames - len(bodies)):
+                    pieces, error = exc.decoded, exc
+                if not self._receive(pieces, frames_before):
                     return
                 self._wait_for_room()
                 if error is not None:
@@ -342,13 +351,21 @@ class Agent:
             self._work.append(_Finish(self._stop_reason, code=0))
             self._cond.notify_all()
 
-    def _receive(self, bodies: list[bytes], frames_before: int) -> bool:
+    def _receive(self, pieces: list[Piece], frames_before: int) -> bool:
         """Feeds one read's frames to the session under one lock; False once it has failed."""
+        number = frames_before
         # In slices, so the compute thread is never kept waiting for the lock long.
-        for start in range(0, len(bodies), 1024):
+        for start in range(0, len(pieces), 1024):
             with self._cond:
                 now = time.monotonic()
-                for number, body in enumerate(bodies[start : start + 1024], frames_before + start + 1):
+                for body in pieces[start : start + 1024]:
+                    if isinstance(body, PointRun):
+                        events = self._session_ready().receive_point_run(body, now, number)
+                        number += body.count
+                        if not self._dispatch(events):
+                            return False
+                        continue
+                    number += 1
                     try:
                         point = request_point(body)
                         if point is not None and self.session is not None:
@@ -366,6 +383,8 @@ class Agent:
                         events = self.session.fail(str(exc))
                     if not self._dispatch(events):
                         return False
+                if self._work or (self.session is not None and self.session.pending_points()):
+                    self._cond.notify_all()  # an idle compute thread takes them at once (adaptive flush)
         return True
 
     def _receive_early(self, request: udf_pb2.Request | ProtocolError) -> None:
@@ -392,6 +411,12 @@ class Agent:
         for event in events:
             if isinstance(event, Send):
                 self.writer.send(event.frame, urgent=event.urgent)
+            elif isinstance(event, Emit):
+                # Behind the output of micro-batches still being computed, else straight out.
+                if self._work or self._compute_busy:
+                    self._work.append(event)
+                else:
+                    self.writer.send(event.frames)
             elif isinstance(event, Started):
                 self._start(event)
             elif isinstance(event, (Compute, TakeSnapshot, Restore)):
@@ -422,6 +447,19 @@ class Agent:
     def _start(self, event: Started) -> None:
         self._options = event.options
         self.engines.warm_up(self.spec)
+        threading.Thread(target=self._load_scanner, name="scanner-load", daemon=True).start()
+
+    def _load_scanner(self) -> None:
+        started = time.monotonic()
+        try:
+            from udf_agent.scan import FastFrameSplitter, warm_up
+
+            warm_up()
+        except Exception as exc:  # only a speed-up: the reference splitter carries on
+            log.warning("compiled frame scanner unavailable, reading with the slower reference splitter: %s", exc)
+            return
+        self._fast_splitter = FastFrameSplitter
+        log.debug("compiled frame scanner ready in %.2f s", time.monotonic() - started)
 
     # ---- compute ----
 
@@ -434,6 +472,8 @@ class Agent:
                     return
                 if isinstance(item, Compute):
                     self._compute(item)
+                elif isinstance(item, Emit):
+                    self.writer.send(item.frames)
                 elif isinstance(item, TakeSnapshot):
                     self._snapshot()
                 elif isinstance(item, Restore):
@@ -446,18 +486,20 @@ class Agent:
 
     def _next_work(self) -> Any:
         with self._cond:
+            self._compute_busy = False  # the previous item is done
             while not self._work:
                 if self._abandoned:
                     return _Finish()
                 now = time.monotonic()
                 deadline = self.session.deadline()
-                if deadline is not None and now >= deadline:
-                    self._dispatch(self.session.flush_due(now))
+                if deadline is not None and (self.config.adaptive_flush or now >= deadline):
+                    self._dispatch(self.session.flush())
                     continue
                 # With nothing pending, a micro-batch opened from now on is due no
                 # earlier than one flush interval from now.
                 self._cond.wait(self.config.flush_interval if deadline is None else deadline - now)
             item = self._work.popleft()
+            self._compute_busy = True
             self._cond.notify_all()
             return item
 

@@ -30,6 +30,9 @@ class UDFSpec:
     history: History = None
     compute: bool = True
     description: str = ""
+    # The function returns every point unchanged: the runtime forwards point
+    # frames as received (byte-identical as Responses) and never calls it.
+    passthrough: bool = False
 
     def __post_init__(self) -> None:
         for edge in (self.wants, self.provides):
@@ -41,6 +44,8 @@ class UDFSpec:
             raise ValueError(f"UDF {self.name!r} declares option(s) twice: {', '.join(duplicates)}")
         if self.history is not None and self.wants != "stream":
             raise ValueError(f"UDF {self.name!r}: history applies to stream UDFs only")
+        if self.passthrough and (self.wants, self.provides, self.history) != ("stream", "stream", None):
+            raise ValueError(f"UDF {self.name!r}: passthrough is for stream-to-stream UDFs without history")
 
     def history_window(self, options: OptionValues) -> dict[str, int] | None:
         """The per-group history to keep: {"rows": n} or {"ns": duration}, or None."""

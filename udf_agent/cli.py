@@ -57,6 +57,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
+        click.option("--adaptive-flush/--no-adaptive-flush", default=True, show_default=True, help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches)."),
         click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
     ]
@@ -87,16 +88,11 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
     return Engines(make_spark)
 
 
-def _agent_config(flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float) -> Any:
+def _agent_config(agent_options: dict[str, Any]) -> Any:
+    """The AgentConfig from the command-line options named after its fields."""
     from udf_agent.agent import AgentConfig
 
-    return AgentConfig(
-        max_batch_points=max_batch_points,
-        flush_interval=flush_interval,
-        max_pending_points=max_pending_points,
-        max_frame_size=max_frame_size,
-        drain_timeout=drain_timeout,
-    )
+    return AgentConfig(**agent_options)
 
 
 def _on_stop_signals(stop: Any) -> None:
@@ -128,7 +124,7 @@ def main() -> None:
 @main.command()
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float, log_level: str) -> None:
+def run(target: str, master: str, confs: Any, log_level: str, **agent_options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -138,7 +134,7 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
     connection = claim_stdio()
     configure_logging(log_level)
     engines = _engines(master, confs)
-    agent = Agent(None, connection, engines, _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size, drain_timeout))
+    agent = Agent(None, connection, engines, _agent_config(agent_options))
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
@@ -151,7 +147,7 @@ def run(target: str, master: str, confs: Any, flush_interval: float, max_batch_p
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, flush_interval: float, max_batch_points: int, max_pending_points: int, max_frame_size: int, drain_timeout: float, log_level: str) -> None:
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, log_level: str, **agent_options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -166,8 +162,8 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
     configure_logging(log_level)
     spec = _load(target)
     engines = _engines(master, confs)
-    config = _agent_config(flush_interval, max_batch_points, max_pending_points, max_frame_size, drain_timeout)
-    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=drain_timeout)
+    config = _agent_config(agent_options)
+    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=config.drain_timeout)
     try:
         server.bind()
     except SocketServerError as exc:

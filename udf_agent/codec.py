@@ -8,7 +8,8 @@ single bytes object that is written in one write.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, Union
 
 from google.protobuf.message import DecodeError, Message
 
@@ -47,6 +48,31 @@ def encode_frame(message: Message) -> bytes:
     return encode_varint(len(body)) + body
 
 
+# Request.point and Response.point are both field 17, length-delimited: key varint (17 << 3) | 2.
+# (Two bytes, 0x8a 0x01.)
+POINT_KEY = encode_varint((17 << 3) | 2)
+
+
+@dataclass(frozen=True)
+class PointRun:
+    """Consecutive whole frames that each hold only a Request.point, as received.
+
+    A Response frame carrying a point is byte for byte the Request frame that
+    carried it, so a run can be written back without decoding a single point.
+    The compiled scanner (``udf_agent.scan``) also gives, as (count, 2) arrays of
+    offsets into ``frames``, each point with its length varint and its group
+    ((-1, -1) when the point has none).
+    """
+
+    frames: bytes
+    count: int
+    points: Any = None
+    groups: Any = None
+
+
+Piece = Union[bytes, PointRun]
+
+
 class FrameSplitter:
     """Cuts a byte stream into frame bodies, without parsing them.
 
@@ -56,7 +82,7 @@ class FrameSplitter:
     """
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE):
-        self._max_frame_size = max_frame_size
+        self.max_frame_size = max_frame_size
         self._buffer = bytearray()
         self.frames = 0
 
@@ -70,17 +96,23 @@ class FrameSplitter:
             self._buffer += data
         buffer = self._buffer
         size = len(buffer)
+        limit = self.max_frame_size
         bodies: list[bytes] = []
         pos = 0
         try:
             while pos < size:
+                # Lengths of one and two bytes are read inline: points are 30-16383 bytes.
                 first = buffer[pos]
-                if first < 0x80 and first <= self._max_frame_size:  # the common one-byte length
+                if first < 0x80:
                     length, body_start = first, pos + 1
+                elif pos + 1 < size and buffer[pos + 1] < 0x80:
+                    length, body_start = (first & 0x7F) | (buffer[pos + 1] << 7), pos + 2
                 else:
                     length, body_start = self._read_length(buffer, pos, size)
                     if length is None:
                         break
+                if length > limit:
+                    self._read_length(buffer, pos, size)  # raises the error that names the frame
                 body_end = body_start + length
                 if body_end > size:
                     break
@@ -108,9 +140,9 @@ class FrameSplitter:
         for index in range(pos, min(size, pos + _MAX_VARINT_BYTES)):
             byte = buffer[index]
             value |= (byte & 0x7F) << shift
-            if value > self._max_frame_size:
+            if value > self.max_frame_size:
                 raise ProtocolError(
-                    f"frame {self.frames + 1} declares a length above the {self._max_frame_size}-byte limit"
+                    f"frame {self.frames + 1} declares a length above the {self.max_frame_size}-byte limit"
                 )
             if not byte & 0x80:
                 return value, index + 1
@@ -178,8 +210,6 @@ def read_varint(data: bytes, pos: int) -> tuple[int, int]:
     raise ProtocolError("malformed varint inside a message")
 
 
-# Request.point is field 17, length-delimited: key varint (17 << 3) | 2.
-_POINT_KEY = encode_varint((17 << 3) | 2)
 _GROUP_FIELD = 5
 
 
@@ -189,12 +219,18 @@ def request_point(body: bytes) -> bytes | None:
     Points are most of the traffic: they are kept as bytes and decoded
     column-wise where they are computed, never parsed one by one here.
     """
-    if not body.startswith(_POINT_KEY):
+    if not body.startswith(POINT_KEY):
         return None
-    length, start = read_varint(body, len(_POINT_KEY))
+    length, start = read_varint(body, len(POINT_KEY))
     if start + length != len(body):
         return None  # anything else in the Request: let the full parser decide
     return body[start:]
+
+
+def point_frame(point: bytes) -> bytes:
+    """The Response frame carrying a serialised Point (the same bytes as the Request frame)."""
+    body = POINT_KEY + encode_varint(len(point)) + point
+    return encode_varint(len(body)) + body
 
 
 def point_group(point: bytes) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from udf_agent import pointcodec
 from udf_agent import table as cols
 from udf_agent import udf_pb2
 from udf_agent.api import Context, UDFSpec
@@ -75,7 +76,7 @@ def run_task(job: Job, task: Any) -> tuple:
 
 
 def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
-    data = cols.decode_points(task.data)
+    data, headers = pointcodec.decode_with_headers(task.data)
     history_rows = 0
     if _present(task.history):
         kept = cols.ipc_to_table(task.history)
@@ -94,6 +95,10 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
         history_rows=history_rows,
     )
     result = job.spec.function(frame, ctx)
+    fast = _encode_per_row(result, headers, layout, history_rows, data.num_rows) if job.spec.provides == "stream" else None
+    if fast is not None:
+        output, emitted = fast
+        return output, _keep_history(data, meta.get("history")), _dump_state(ctx.state), emitted
     points = output_points(result, data, layout, ctx, first_row=history_rows)
     if job.spec.provides == "stream":
         output = encode_points(points)
@@ -113,7 +118,7 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
 
 
 def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str | None, int]:
-    data = cols.decode_points(task.data)
+    data = pointcodec.decode_points(task.data)
     frame, layout = user_frame(data)
     ctx = Context(
         options=job.option_values(),
@@ -333,6 +338,30 @@ def output_points(
             _set_field(point, key, kind, values[i])
         points.append(point)
     return points
+
+
+def _encode_per_row(result: Any, headers: pointcodec.Headers | None, layout: Layout, first_row: int, input_rows: int) -> tuple[bytes, int] | None:
+    """The compiled encoder's frames for the common result, or None for ``output_points``.
+
+    The common result: one row per input point (index ``input_row``), field columns of
+    float, int or bool dtype, no time or tag columns. The points are the same either way.
+    """
+    if headers is None or not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns:
+        return None
+    source = _source_rows(result, input_rows)
+    if source is None:
+        return None
+    fields = []
+    for column in result.columns:
+        dtype = result[column].dtype
+        if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(dtype, np.dtype):
+            return None
+        fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, result[column].to_numpy()))
+    # Results for history rows are dropped; the rest leave in input order.
+    picked = np.flatnonzero(source >= first_row)
+    picked = picked[np.argsort(source[picked], kind="stable")]
+    output = pointcodec.encode_rows(headers, source[picked] - first_row, [(name, values[picked]) for name, values in fields])
+    return None if output is None else (output, len(picked))
 
 
 def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:

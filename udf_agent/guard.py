@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Iterable
 
 from udf_agent import udf_pb2
-from udf_agent.codec import encode_frame, encode_varint
+from udf_agent.codec import POINT_KEY, encode_frame, encode_varint
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,6 @@ class OutputGuard:
         return encode_frame(response)
 
 
-# Response.point is field 17, length-delimited: its key is the varint (17 << 3) | 2.
-_POINT_KEY = encode_varint((17 << 3) | 2)
 
 
 def encode_points(points: Iterable[udf_pb2.Point]) -> bytes:
@@ -67,7 +65,7 @@ def encode_points(points: Iterable[udf_pb2.Point]) -> bytes:
     frames = []
     for point in points:
         body = point.SerializeToString()
-        envelope = _POINT_KEY + encode_varint(len(body))
+        envelope = POINT_KEY + encode_varint(len(body))
         frames.append(encode_varint(len(envelope) + len(body)))
         frames.append(envelope)
         frames.append(body)

@@ -13,7 +13,9 @@ from typing import Union
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.codec import ProtocolError, point_group
+from google.protobuf.message import DecodeError
+
+from udf_agent.codec import PointRun, ProtocolError, point_frame, point_group
 from udf_agent.guard import OutputGuard, keepalive_frame
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
 from udf_agent.table import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
@@ -29,6 +31,13 @@ class Send:
 
     frame: bytes
     urgent: bool = False
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Output data, in order with the output of the micro-batches before it."""
+
+    frames: bytes
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,7 @@ class Fail:
     message: str
 
 
-Event = Union[Send, Started, Compute, TakeSnapshot, Restore, Fail]
+Event = Union[Send, Emit, Started, Compute, TakeSnapshot, Restore, Fail]
 
 
 class Session:
@@ -124,6 +133,10 @@ class Session:
             return self._close_pending()
         return []
 
+    def flush(self) -> list[Event]:
+        """The open micro-batch goes to compute now (the compute side is idle)."""
+        return self._close_pending()
+
     def finish(self) -> list[Event]:
         """End of input: everything accepted goes to compute."""
         if self._open_batch is not None:
@@ -183,6 +196,13 @@ class Session:
             return []
         if self.spec.wants != "stream":
             return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
+        if self.spec.passthrough:
+            # Never hand Kapacitor back a point it could not parse.
+            try:
+                udf_pb2.Point.FromString(point)
+            except DecodeError as exc:
+                return self.fail(f"frame {frame_number}: the Point does not parse: {exc}" if frame_number else f"the Point does not parse: {exc}")
+            return [*self._close_pending(), Emit(point_frame(point))]
         try:
             group = point_group(point)
         except ProtocolError as exc:
@@ -194,6 +214,48 @@ class Session:
         if pending.count >= self.max_batch_points:
             return self._close_pending()
         return []
+
+    def receive_point_run(self, run: PointRun, now: float, frames_before: int = 0) -> list[Event]:
+        """Consecutive points as the compiled scanner found them (``codec.PointRun``).
+
+        A passthrough UDF's points go back as received; any other UDF's are
+        grouped by the group spans the scanner found, without parsing a point.
+        """
+        if self.failed:
+            return []
+        refused = self._require_init("a Point")
+        if refused is not None:
+            return refused
+        if self.spec.passthrough:
+            return [*self._close_pending(), Emit(run.frames)]
+        data = run.frames
+        spans = run.points.tolist()
+        if self._open_batch is not None:
+            rows = self._open_batch.rows
+            for start, end in spans:
+                rows.append_prefixed(data[start:end])
+            return []
+        if self.spec.wants != "stream":
+            return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
+        events: list[Event] = []
+        names: dict[bytes, str] = {}
+        pending = self._pending
+        for number, ((start, end), (group_start, group_end)) in enumerate(zip(spans, run.groups.tolist()), frames_before + 1):
+            key = data[group_start:group_end]
+            group = names.get(key)
+            if group is None:
+                try:
+                    group = names[key] = key.decode()
+                except UnicodeDecodeError:
+                    return [*events, *self.fail(f"frame {number}: Point.group is not valid UTF-8")]
+            if pending is None:
+                pending = self._pending = StreamMicroBatch(opened_at=now)
+            pending.rows(group).append_prefixed(data[start:end])
+            pending.count += 1
+            if pending.count >= self.max_batch_points:
+                events.extend(self._close_pending())
+                pending = None
+        return events
 
     def _begin(self, begin: udf_pb2.BeginBatch) -> list[Event]:
         refused = self._require_init("a BeginBatch")

@@ -50,6 +50,11 @@ class GroupRows:
         self._chunks.append(point)
         self.count += 1
 
+    def append_prefixed(self, point: bytes) -> None:
+        """A point that already carries its length varint (as inside a Request frame)."""
+        self._chunks.append(point)
+        self.count += 1
+
     def encoded(self) -> bytes:
         return b"".join(self._chunks)
 
@@ -167,11 +172,14 @@ class StreamMicroBatch:
         self.groups: dict[str, GroupRows] = {}
 
     def append(self, group: str, point: bytes) -> None:
+        self.rows(group).append(point)
+        self.count += 1
+
+    def rows(self, group: str) -> GroupRows:
         rows = self.groups.get(group)
         if rows is None:
             rows = self.groups[group] = GroupRows()
-        rows.append(point)
-        self.count += 1
+        return rows
 
 
 class KapacitorBatch:

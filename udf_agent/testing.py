@@ -213,7 +213,8 @@ class KapacitorDriver(_Driver):
         )
         self.responses = Responses(self.process.stdout)
         self.stderr = bytearray()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_reader.start()
 
     def _drain_stderr(self) -> None:
         for line in self.process.stderr:
@@ -241,6 +242,9 @@ class KapacitorDriver(_Driver):
             self.process.wait()
 
     def log(self) -> str:
+        """The agent's stderr so far; all of it once the process has exited."""
+        if self.process.poll() is not None:
+            self._stderr_reader.join(5)
         return self.stderr.decode(errors="replace")
 
 

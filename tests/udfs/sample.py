@@ -28,6 +28,12 @@ def slow_local(df, ctx):
 
 
 @stream_udf(compute=False)
+def local_echo(df, ctx):
+    """Echoes every point through the compute path, without Spark (mirror forwards frames instead)."""
+    return df
+
+
+@stream_udf(compute=False)
 def noisy(df, ctx):
     """Prints through every route to stdout it can, then echoes."""
     print("noisy print from the UDF")

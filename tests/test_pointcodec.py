@@ -1,0 +1,149 @@
+"""The compiled point decoder and encoder (udf_agent.pointcodec) against the reference path.
+
+decode: the same Arrow table as ``table.decode_points`` (protobuf, point by point).
+encode: the same points, parsed, as ``compute.output_points`` + ``guard.encode_points``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from udf_agent import pointcodec, udf_pb2
+from udf_agent.api import Context
+from udf_agent.codec import FrameDecoder, ProtocolError, encode_varint
+from udf_agent.compute import Layout, output_points
+from udf_agent.guard import encode_points
+from udf_agent.options import OptionValues
+from udf_agent.table import GroupRows, decode_points
+
+
+def random_points(seed: int, count: int) -> list[udf_pb2.Point]:
+    rng = random.Random(seed)
+    points = []
+    for _ in range(count):
+        tags = {f"t{k}": rng.choice(["", "a", "é", "v" * 30]) for k in range(rng.randrange(0, 4))}
+        point = udf_pb2.Point(
+            time=rng.randrange(-(2**62), 2**62),
+            name=rng.choice(["cpu", "mem", "ünïcode"]),
+            database=rng.choice(["", "telegraf"]),
+            retentionPolicy=rng.choice(["", "autogen"]),
+            group=",".join(f"{k}={v}" for k, v in tags.items()),
+            dimensions=sorted(tags)[: rng.randrange(0, len(tags) + 1)],
+            tags=tags,
+            byName=rng.random() < 0.3,
+        )
+        if rng.random() < 0.8:
+            point.fieldsDouble["x"] = rng.choice([rng.random(), -0.0, float("inf"), float("nan"), 1e300])
+        if rng.random() < 0.5:
+            point.fieldsInt["n"] = rng.randrange(-(2**63), 2**63)
+        if rng.random() < 0.3:
+            point.fieldsString["s"] = rng.choice(["", "é", "x" * 200])
+        if rng.random() < 0.3:
+            point.fieldsBool["b"] = rng.random() < 0.5
+        if rng.random() < 0.1:
+            point.fieldsDouble["tag_clash"] = 1.0
+            point.tags["tag_clash"] = "t"
+        points.append(point)
+    return points
+
+
+def encoded(points: list[udf_pb2.Point]) -> bytes:
+    rows = GroupRows()
+    for point in points:
+        rows.append(point.SerializeToString())
+    return rows.encoded()
+
+
+def assert_same_table(fast, reference):
+    """Equal schemas and values, NaN equal to NaN (Arrow's ``equals`` says it is not)."""
+    assert fast.schema == reference.schema
+    for name in reference.column_names:
+        for got, want in zip(fast.column(name).to_pylist(), reference.column(name).to_pylist()):
+            assert got == want or (got != got and want != want), (name, got, want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_decode_gives_the_reference_table(seed):
+    data = encoded(random_points(seed, 2_000))
+    assert_same_table(pointcodec.decode_points(data), decode_points(data))
+
+
+def test_decode_of_no_points_and_of_empty_points():
+    assert_same_table(pointcodec.decode_points(b""), decode_points(b""))
+    data = encoded([udf_pb2.Point(), udf_pb2.Point(time=5)])
+    assert_same_table(pointcodec.decode_points(data), decode_points(data))
+
+
+def test_duplicate_map_keys_keep_the_last_value_as_protobuf_does():
+    entry = lambda value: b"\x42\x0c\x0a\x01x\x11" + np.float64(value).tobytes()  # fieldsDouble {x: value}
+    point = udf_pb2.Point(time=1, name="m").SerializeToString() + entry(1.0) + entry(2.0)
+    data = encode_varint(len(point)) + point
+    assert_same_table(pointcodec.decode_points(data), decode_points(data))
+    assert pointcodec.decode_points(data).column("fd:x").to_pylist() == [2.0]
+
+
+@pytest.mark.parametrize(
+    "point",
+    [b"\x12\x05ab", b"\x3a\x04\x0a\x05ab", b"\x0b", b"\x42\x03\x11\x00\x00"],
+    ids=["field-overrun", "entry-overrun", "wire-type-3", "short-double"],
+)
+def test_a_malformed_point_is_a_protocol_error(point):
+    with pytest.raises(ProtocolError):
+        pointcodec.decode_points(encode_varint(len(point)) + point)
+
+
+def test_invalid_utf8_is_a_protocol_error():
+    point = udf_pb2.Point(time=1).SerializeToString() + b"\x12\x02\xff\xfe"  # name
+    with pytest.raises(ProtocolError, match="UTF-8"):
+        pointcodec.decode_points(encode_varint(len(point)) + point)
+
+
+def reference_frames(points, result, first_row=0):
+    data = decode_points(encoded(points))
+    ctx = Context(options=OptionValues({}, ()), group=points[-1].group, tags={}, name=points[-1].name)
+    return encode_points(output_points(result, data, Layout(tag_columns={}), ctx, first_row=first_row))
+
+
+def parsed(frames: bytes) -> list[udf_pb2.Point]:
+    return [r.point for r in FrameDecoder(udf_pb2.Response).feed(frames)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_encode_rows_gives_the_reference_points(seed):
+    points = [p for p in random_points(seed, 500) if p.name]
+    for point in points:
+        point.group = "g=1"  # a task holds one group; the reference names every output point with it
+    rng = np.random.default_rng(seed)
+    count = len(points)
+    result = pd.DataFrame(
+        {
+            "avg": np.where(rng.random(count) < 0.1, np.nan, rng.normal(size=count)),
+            "count": rng.integers(-(2**63), 2**63 - 1, size=count),
+            "flag": rng.random(count) < 0.5,
+            "field:time": rng.normal(size=count),
+        },
+        index=pd.RangeIndex(count, name="input_row"),
+    )
+    rows = rng.permutation(count)[: count // 2]  # a subset, in any order: output is in input order
+    subset = result.iloc[rows]
+    _, headers = pointcodec.decode_with_headers(encoded(points))
+    order = np.sort(rows)
+    fields = [(("time" if c == "field:time" else c), subset[c].to_numpy()[np.argsort(rows)]) for c in subset.columns]
+    fast = pointcodec.encode_rows(headers, order, fields)
+    assert fast is not None
+    assert parsed(fast) == parsed(reference_frames(points, subset))
+
+
+def test_encode_rows_declines_what_it_does_not_write():
+    points = [udf_pb2.Point(time=1, name="m"), udf_pb2.Point(time=2)]  # the second has no name
+    _, headers = pointcodec.decode_with_headers(encoded(points))
+    assert pointcodec.encode_rows(headers, np.array([0]), [("s", np.array(["text"], dtype=object))]) is None
+    assert pointcodec.encode_rows(headers, np.array([1]), [("x", np.array([1.0]))]) is None
+    # A point whose tags come after a field map (not as Kapacitor writes it) keeps the reference path.
+    out_of_order = udf_pb2.Point(time=3, name="m", fieldsDouble={"x": 1.0}).SerializeToString() + udf_pb2.Point(tags={"k": "v"}).SerializeToString()
+    _, headers = pointcodec.decode_with_headers(encode_varint(len(out_of_order)) + out_of_order)
+    assert pointcodec.encode_rows(headers, np.array([0]), [("y", np.array([2.0]))]) is None

@@ -1,0 +1,172 @@
+"""The compiled frame scanner (udf_agent.scan) against the reference splitter (udf_agent.codec).
+
+Every input is fed whole, one byte at a time and split at many positions; the
+pieces must stand for exactly the frames the reference finds, point runs must be
+the received bytes, and errors must carry the same message and the same accepted pieces.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from udf_agent import udf_pb2
+from udf_agent.codec import FrameSplitter, PointRun, ProtocolError, encode_frame, encode_varint, point_group, request_point
+from udf_agent.scan import FastFrameSplitter
+
+
+def expand(pieces):
+    """Each piece as the frames it stands for: ("point", point bytes, group) or ("other", body)."""
+    out = []
+    for piece in pieces:
+        if isinstance(piece, PointRun):
+            assert len(piece.points) == len(piece.groups) == piece.count
+            for (start, end), (group_start, group_end) in zip(piece.points.tolist(), piece.groups.tolist()):
+                prefixed = piece.frames[start:end]
+                point = FrameSplitter().feed(prefixed)[0]  # strip the length varint
+                group = piece.frames[group_start:group_end].decode() if group_start >= 0 else ""
+                out.append(("point", point, group))
+        else:
+            out.append(("other", piece))
+    return out
+
+
+def reference(stream):
+    """What the fast splitter must find, from the reference splitter and protobuf."""
+    out = []
+    for body in FrameSplitter().feed(stream):
+        point = request_point(body)
+        try:
+            group = point_group(point) if point is not None and udf_pb2.Point.FromString(point) is not None else None
+        except Exception:  # a point that does not parse is no point for the scanner either
+            group = None
+        out.append(("point", point, group) if group is not None else ("other", body))
+    return out
+
+
+def feed_all(chunks, **kwargs):
+    splitter = FastFrameSplitter(**kwargs)
+    pieces = []
+    for chunk in chunks:
+        pieces.extend(splitter.feed(chunk))
+    splitter.close()
+    return splitter, pieces
+
+
+def sample_stream():
+    big = udf_pb2.Point(name="m", group="host=" + "h" * 200, tags={"host": "h" * 200}, fieldsDouble={"x": 1.5})
+    huge = udf_pb2.Point(name="m", tags={"blob": "b" * 20_000})
+    requests = [
+        udf_pb2.Request(point=udf_pb2.Point(time=1, name="m", group="g=a", dimensions=["g"], tags={"g": "a"})),
+        udf_pb2.Request(point=big),
+        udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=5)),
+        udf_pb2.Request(point=udf_pb2.Point(time=-2, fieldsBool={"ok": True}, fieldsString={"s": "x"})),  # a 10-byte time varint
+        udf_pb2.Request(point=huge),
+        udf_pb2.Request(point=udf_pb2.Point()),
+        udf_pb2.Request(),
+        udf_pb2.Request(info=udf_pb2.InfoRequest()),
+        udf_pb2.Request(point=udf_pb2.Point(time=3, fieldsInt={"n": 7}, byName=True)),
+    ]
+    return b"".join(encode_frame(r) for r in requests)
+
+
+def test_whole_bytewise_and_split_feeds_find_the_reference_frames():
+    stream = sample_stream()
+    expected = reference(stream)
+    assert [kind for kind, *_ in expected].count("point") == 6
+    for chunks in ([stream], [stream[i : i + 1] for i in range(len(stream))], *([stream[:i], stream[i:]] for i in range(0, len(stream) + 1, 11))):
+        splitter, pieces = feed_all(chunks)
+        assert expand(pieces) == expected
+        assert splitter.frames == len(expected)
+        for piece in pieces:
+            if isinstance(piece, PointRun):
+                assert piece.frames in stream
+
+
+def test_a_run_is_byte_identical_to_the_response_frames_of_its_points():
+    points = [udf_pb2.Point(time=t, name="cpu", group=f"host=h{t % 3}", tags={"host": f"h{t % 3}"}, fieldsDouble={"v": t / 3}) for t in range(300)]
+    stream = b"".join(encode_frame(udf_pb2.Request(point=p)) for p in points)
+    (run,) = FastFrameSplitter().feed(stream)
+    assert run.count == 300
+    assert run.frames == b"".join(encode_frame(udf_pb2.Response(point=p)) for p in points)
+
+
+def test_many_tiny_frames_fill_the_scanner_more_than_once():
+    stream = b"\x00" * 10_000 + encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=1)))
+    splitter, pieces = feed_all([stream])
+    assert splitter.frames == 10_001
+    assert pieces[:-1] == [b""] * 10_000 and isinstance(pieces[-1], PointRun)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        udf_pb2.Point(group="g", name="m").SerializeToString() + b"\x3a\x04\x0a\x05ab",  # a tags entry overrunning itself
+        udf_pb2.Point(name="m").SerializeToString() + b"\x42\x02\x09\x00",  # a double field's value cut short
+        b"\x12\x05ab",  # name overruns the point
+        b"\x0b",  # wire type 3
+    ],
+    ids=["entry-overrun", "short-double", "field-overrun", "group-wire-type"],
+)
+def test_a_point_that_does_not_parse_is_never_in_a_run(point):
+    good = encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=1)))
+    body = b"\x8a\x01" + encode_varint(len(point)) + point
+    stream = good + encode_varint(len(body)) + body + good
+    with pytest.raises(Exception):
+        udf_pb2.Point.FromString(point)
+    _, pieces = feed_all([stream])
+    assert [type(p).__name__ for p in pieces] == ["PointRun", "bytes", "PointRun"]
+    assert pieces[1] == body
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f", "declares a length above the 1024-byte limit"),
+        (b"\x81\x08", "declares a length above the 1024-byte limit"),
+        (b"\x80" * 10 + b"\x00", "starts with a malformed varint length"),
+    ],
+)
+def test_errors_match_the_reference_and_keep_what_came_before(bad, message):
+    good = encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=1))) + encode_frame(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+    stream = good + bad
+    with pytest.raises(ProtocolError) as fast:
+        FastFrameSplitter(max_frame_size=1024).feed(stream)
+    with pytest.raises(ProtocolError) as slow:
+        FrameSplitter(max_frame_size=1024).feed(stream)
+    assert str(fast.value) == str(slow.value) and message in str(fast.value)
+    assert "frame 3" in str(fast.value)
+    assert [kind for kind, *_ in expand(fast.value.decoded)] == ["point", "other"]
+
+
+def test_continuing_takes_over_a_partial_frame_mid_stream():
+    stream = sample_stream()
+    for cut in range(1, len(stream), 97):
+        slow = FrameSplitter()
+        first = [("other", body) for body in slow.feed(stream[:cut])]
+        fast = FastFrameSplitter.continuing(slow)
+        rest = expand(fast.feed(stream[cut:]))
+        fast.close()
+        expected = reference(stream)
+        assert len(first) + len(rest) == len(expected) and rest == expected[len(first):]
+        assert fast.frames == len(expected)
+
+
+def test_random_streams_agree_with_the_reference():
+    rng = random.Random(11)
+    requests = []
+    for i in range(3_000):
+        roll = rng.random()
+        if roll < 0.8:
+            tags = {f"t{k}": "v" * rng.randrange(0, 40) for k in range(rng.randrange(0, 4))}
+            requests.append(udf_pb2.Request(point=udf_pb2.Point(time=rng.randrange(-2**40, 2**40), name="m", group=",".join(f"{k}={v}" for k, v in tags.items()), tags=tags, fieldsDouble={"x": rng.random()})))
+        elif roll < 0.9:
+            requests.append(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=i)))
+        else:
+            requests.append(udf_pb2.Request(begin=udf_pb2.BeginBatch(name="b", size=i)))
+    stream = b"".join(encode_frame(r) for r in requests)
+    cuts = sorted(rng.sample(range(1, len(stream)), 200))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    _, pieces = feed_all(chunks)
+    assert expand(pieces) == reference(stream)
