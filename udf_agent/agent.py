@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 4 * 1024 * 1024
 HEARTBEAT_INTERVAL = 0.25
+# The most the writer hands to one write: a keepalive reply queued meanwhile waits
+# for no more than this (and the pipe's own buffer) to drain.
+WRITE_CHUNK = 256 * 1024
 
 
 @dataclass
@@ -128,9 +131,12 @@ class Writer:
             with self._cond:
                 while not self._frames and not self._closing:
                     self._cond.wait()
-                frames = list(self._frames)
-                self._frames.clear()
-                done = self._closing
+                frames, size = [], 0
+                while self._frames and (not frames or size + len(self._frames[0]) <= WRITE_CHUNK):
+                    frame = self._frames.popleft()
+                    frames.append(frame)
+                    size += len(frame)
+                done = self._closing and not self._frames
             try:
                 if frames:
                     self._connection.write(b"".join(frames), self._current_deadline)

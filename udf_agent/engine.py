@@ -56,6 +56,8 @@ class Engines:
 
     def warm_up(self, spec: UDFSpec) -> None:
         """Creates and starts the engine in the background (imports included)."""
+        if spec.passthrough:
+            return  # its points are never computed
         threading.Thread(target=self._warm_up, args=(spec,), name="engine-warm-up", daemon=True).start()
 
     def engine_for(self, spec: UDFSpec) -> Engine:

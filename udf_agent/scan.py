@@ -236,12 +236,18 @@ class FastFrameSplitter(FrameSplitter):
         return pieces
 
 
+# The most bytes one PointRun holds: passthrough output is written run by run, and a
+# keepalive reply can only go out between two writes.
+RUN_BYTES = 128 * 1024
+
+
 def _append_pieces(buffer: bytearray, found: Frames, pieces: list[Piece]) -> None:
     if not found.count:
         return
     is_point = found.kind == POINT
     frame_start = np.concatenate(([0], found.body_end[:-1]))
-    edges = np.flatnonzero(is_point[1:] != is_point[:-1]) + 1
+    # Runs of like frames, point runs cut further every RUN_BYTES.
+    edges = np.flatnonzero((is_point[1:] != is_point[:-1]) | (frame_start[1:] // RUN_BYTES != frame_start[:-1] // RUN_BYTES)) + 1
     for first, stop in zip([0, *edges.tolist()], [*edges.tolist(), found.count]):
         if is_point[first]:
             offset = int(frame_start[first])

@@ -6,6 +6,7 @@ Both are thin loops around ``Agent``; all protocol logic lives in the session.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import select
@@ -24,6 +25,20 @@ _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENO
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
+
+
+# Linux pipes hold 64 KiB by default: every read and write then moves only a few hundred
+# points, and the per-call costs dominate. Unprivileged processes may grow them to 1 MiB.
+PIPE_SIZE = 1024 * 1024
+
+
+def _grow_pipe(fd: int) -> None:
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError as exc:  # over /proc/sys/fs/pipe-max-size, or not permitted: only slower
+        log.debug("cannot grow the pipe on fd %d: %s", fd, exc)
 
 
 # How often a blocked write looks again at a deadline that may have been set meanwhile.
@@ -60,6 +75,8 @@ class FdConnection:
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
+        _grow_pipe(read_fd)
+        _grow_pipe(write_fd)
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.

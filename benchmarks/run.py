@@ -1,0 +1,613 @@
+#!/usr/bin/env python3
+"""udf-agent's benchmark suite: every case side by side with a per-point baseline agent.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--cases echo,moving_avg,...] [--json PATH]
+
+Prints the machine, then one table row per figure (ours, baseline, ratio
+ours/baseline, goal, met), and writes everything to JSON (default
+benchmarks/results/latest.json). See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, TextIO
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.driver import AgentCommand, RunResult, run_flat_out, run_paced  # noqa: E402
+from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
+from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
+
+DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "latest.json")
+CASES = ("limits", "echo", "moving_avg", "many_groups", "new_groups", "latency", "memory")
+
+
+@dataclass(frozen=True)
+class Settings:
+    points: int = 1_000_000
+    groups: int = 100
+    many_groups: int = 10_000
+    points_per_group: int = 30
+    new_group_points: int = 200_000
+    latency_rate: float = 1_000.0
+    latency_seconds: float = 10.0
+    latency_warmup_seconds: float = 1.0
+    memory_points: tuple[int, ...] = (1_000_000,)
+    time_limit_scale: float = 1.0
+    agent_args: tuple[str, ...] = ()
+    kapacitor_src: str | None = None
+
+    @classmethod
+    def quick(cls) -> "Settings":
+        return cls(
+            points=20_000,
+            many_groups=1_000,
+            points_per_group=10,
+            new_group_points=20_000,
+            latency_seconds=3.0,
+            memory_points=(20_000,),
+        )
+
+    def time_limit(self, points: int) -> float:
+        """Seconds a run may take: Spark's start-up plus a slow 10 k points/s."""
+        return (90 + points / 10_000) * self.time_limit_scale
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    check: Callable[["Row"], bool | None]
+
+
+def ratio_at_least(minimum: float) -> Goal:
+    return Goal(f">= {minimum:g}x baseline", lambda row: None if row.ratio is None else row.ratio >= minimum)
+
+
+def value_at_most(maximum: float, unit: str) -> Goal:
+    return Goal(f"<= {maximum:g} {unit}", lambda row: None if row.value is None else row.value <= maximum)
+
+
+@dataclass
+class Row:
+    case: str
+    figure: str
+    value: float | None
+    unit: str
+    baseline: float | None = None
+    ratio: float | None = None
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def make_row(
+    case: str, figure: str, value: float | None, unit: str, baseline: float | None = None, goal: Goal | None = None, note: str = ""
+) -> Row:
+    ratio = value / baseline if value is not None and baseline else None
+    row = Row(case, figure, value, unit, baseline, ratio, goal.text if goal else "", None, note)
+    if goal is not None:
+        row.met = goal.check(row)
+    return row
+
+
+def ours(udf: str, settings: Settings) -> AgentCommand:
+    return AgentCommand(f"udf-agent {udf}", [sys.executable, "-m", "udf_agent", "run", udf, *settings.agent_args], cwd=REPO)
+
+
+def baseline(handler: str) -> AgentCommand:
+    return AgentCommand(f"baseline {handler}", [sys.executable, os.path.join(REPO, "benchmarks", "baseline_agent.py"), handler], cwd=REPO)
+
+
+def official_moving_avg(src: str, unbuffered: bool) -> tuple[AgentCommand | None, str]:
+    """Kapacitor's own Python moving_avg example from a checkout, or None and why it cannot run."""
+    library = os.path.join(src, "udf", "agent", "py")
+    script = os.path.join(src, "udf", "agent", "examples", "moving_avg", "moving_avg.py")
+    if not os.path.isfile(script):
+        return None, f"no {script}"
+    env = {"PYTHONPATH": library}
+    check = subprocess.run(
+        [sys.executable, "-c", "import kapacitor.udf.agent, kapacitor.udf.udf_pb2"],
+        env={**os.environ, **env},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["import failed"])[-1]
+        return None, f"its agent does not import here: {last[:200]}"
+    flags = ["-u"] if unbuffered else []
+    label = "official moving_avg" + (" -u" if unbuffered else "")
+    return AgentCommand(label, [sys.executable, *flags, script], cwd=src, env=env), ""
+
+
+def _describe_failure(who: str, result: RunResult) -> str:
+    if result.status == "ok":
+        return ""
+    partial = f" (until then {_number(result.steady_pps)} points/s steady)" if not result.ok and result.steady_pps else ""
+    return f"{who} {result.status}{partial}: {result.error}"
+
+
+def _figure(result: RunResult | None, name: str) -> float | None:
+    """A figure of a run that succeeded; a failed run's partial figures are never compared."""
+    return getattr(result, name) if result is not None and result.ok else None
+
+
+class Bench:
+    """Runs cases, remembering every agent run so that later cases can reuse it (memory reuses throughput runs)."""
+
+    def __init__(self, settings: Settings, progress: TextIO):
+        self.settings = settings
+        self.progress = progress
+        self.runs: dict[tuple[str, Workload], RunResult] = {}
+        self.rows: list[Row] = []
+        self.cases: dict[str, dict[str, Any]] = {}
+
+    def say(self, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=self.progress, flush=True)
+
+    def flat_out(self, command: AgentCommand, options: list[tuple[str, object]], workload: Workload, reuse: bool = True) -> RunResult:
+        key = (command.label, workload)
+        if reuse and key in self.runs:
+            return self.runs[key]
+        workload.path()
+        self.say(f"{command.label}: {workload.label}, flat out")
+        result = run_flat_out(command, init_frame(options), workload, self.settings.time_limit(workload.points))
+        self.say(
+            f"  -> {result.status}, {result.points_out:,} points out, steady {_number(result.steady_pps)} points/s"
+            + (f" ({result.error})" if result.error else "")
+        )
+        self.runs[key] = result
+        return result
+
+    def run_case(self, name: str) -> None:
+        case = getattr(self, f"case_{name}")
+        record: dict[str, Any] = {"status": "ok", "error": None, "runs": {}, "started": _now()}
+        self.cases[name] = record
+        started = time.monotonic()
+        try:
+            case(record)
+        except KeyboardInterrupt:
+            record["status"] = "interrupted"
+            raise
+        except Exception as exc:  # one broken case must not stop the others
+            record["status"], record["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            record["traceback"] = traceback.format_exc()
+            self.rows.append(make_row(name, "case failed", None, "", note=record["error"]))
+            self.say(f"{name} failed: {record['error']}")
+        record["seconds"] = round(time.monotonic() - started, 1)
+
+    def _keep(self, record: dict[str, Any], role: str, result: RunResult) -> None:
+        record["runs"][role] = result.to_json()
+        if result.status != "ok":
+            record["status"] = "degraded"
+
+    # ---- cases ----
+
+    def case_limits(self, record: dict[str, Any]) -> None:
+        workload = Workload(self.settings.points, self.settings.groups)
+        workload.path()
+        self.say(f"limits: {workload.label}")
+        framing, parse = framing_pps(workload), parse_pps(workload)
+        record["figures"] = {"framing_pps": framing, "parse_pps": parse, "workload": workload.label}
+        self.rows.append(make_row("limits", "framing only (varint loop)", framing, "points/s", note="in-process, one core"))
+        self.rows.append(
+            make_row("limits", "framing + parse + re-serialise", parse, "points/s", note="ceiling of a per-point protobuf path")
+        )
+
+    def _throughput_rows(
+        self, case: str, mine: RunResult, theirs: RunResult | None, steady: Goal | None, total: Goal | None, theirs_name: str = "baseline"
+    ) -> None:
+        """Steady and start-up throughput and Init -> first output, ours against ``theirs``."""
+        note = "; ".join(filter(None, [_describe_failure("ours", mine), _describe_failure(theirs_name, theirs) if theirs else ""]))
+        for figure, name, unit, goal in (
+            ("points/s steady", "steady_pps", "points/s", steady),
+            ("points/s incl. start-up", "total_pps", "points/s", total),
+            ("Init -> first output", "first_output_s", "s", None),
+        ):
+            self.rows.append(make_row(case, figure, _figure(mine, name), unit, _figure(theirs, name), goal, note))
+            note = ""
+
+    def _keepalive_rows(self, case: str, mine: RunResult, theirs: RunResult | None) -> None:
+        k = mine.keepalive
+        b = theirs.keepalive if theirs is not None and theirs.ok else None
+        note = f"{k.count} answered, {k.unanswered} unanswered"
+        self.rows.append(make_row(case, "keepalive p50 (flat out)", k.p50_ms, "ms", b.p50_ms if b else None, note=note))
+        self.rows.append(make_row(case, "keepalive p99 (flat out)", k.p99_ms, "ms", b.p99_ms if b else None, value_at_most(20, "ms")))
+        row = make_row(case, "keepalive max (flat out)", k.max_ms, "ms", b.max_ms if b else None, value_at_most(100, "ms"))
+        if k.unanswered:
+            row.met = False
+            row.note = f"{k.unanswered} keepalive(s) never answered"
+        self.rows.append(row)
+
+    def case_echo(self, record: dict[str, Any]) -> None:
+        workload = Workload(self.settings.points, self.settings.groups)
+        mine = self.flat_out(ours("mirror", self.settings), [], workload)
+        theirs = self.flat_out(baseline("echo"), [], workload)
+        self._keep(record, "ours", mine)
+        self._keep(record, "baseline", theirs)
+        self._throughput_rows("echo", mine, theirs, ratio_at_least(5), ratio_at_least(5))
+        self._keepalive_rows("echo", mine, theirs)
+
+    def case_moving_avg(self, record: dict[str, Any]) -> None:
+        workload = Workload(self.settings.points, self.settings.groups)
+        mine = self.flat_out(ours("moving_avg", self.settings), MOVING_AVG_OPTIONS, workload)
+        theirs = self.flat_out(baseline("moving_avg"), MOVING_AVG_OPTIONS, workload)
+        self._keep(record, "ours", mine)
+        self._keep(record, "baseline", theirs)
+        self._throughput_rows("moving_avg", mine, theirs, ratio_at_least(3), ratio_at_least(1.5))
+        self._keepalive_rows("moving_avg", mine, theirs)
+        if self.settings.kapacitor_src:
+            for unbuffered in (True, False):
+                command, why = official_moving_avg(self.settings.kapacitor_src, unbuffered)
+                label = "vs official" + (" (-u, as kapacitor.conf)" if unbuffered else " (buffered)")
+                if command is None:
+                    self.rows.append(make_row("moving_avg", f"points/s steady {label}", None, "points/s", note=f"skipped: {why}"))
+                    record["official"] = {"skipped": why}
+                    break
+                official = self.flat_out(command, MOVING_AVG_OPTIONS, workload)
+                self._keep(record, command.label, official)
+                note = _describe_failure(command.label, official)
+                for figure, name in (("points/s steady", "steady_pps"), ("points/s incl. start-up", "total_pps")):
+                    self.rows.append(
+                        make_row("moving_avg", f"{figure} {label}", _figure(mine, name), "points/s", _figure(official, name), note=note)
+                    )
+                    note = ""
+
+    def case_many_groups(self, record: dict[str, Any]) -> None:
+        s = self.settings
+        workload = Workload(s.many_groups * s.points_per_group, s.many_groups)
+        mine = self.flat_out(ours("moving_avg", s), MOVING_AVG_OPTIONS, workload)
+        theirs = self.flat_out(baseline("moving_avg"), MOVING_AVG_OPTIONS, workload)
+        self._keep(record, "ours", mine)
+        self._keep(record, "baseline", theirs)
+        self._throughput_rows("many_groups", mine, theirs, ratio_at_least(1), None)
+
+    def case_new_groups(self, record: dict[str, Any]) -> None:
+        workload = Workload(self.settings.new_group_points, self.settings.new_group_points)
+        workload.path()
+        self.say(f"limits: {workload.label}")
+        limit = parse_pps(workload)
+        record["figures"] = {"parse_pps": limit}
+        mine = self.flat_out(ours("mirror", self.settings), [], workload)
+        theirs = self.flat_out(baseline("echo"), [], workload)
+        self._keep(record, "ours", mine)
+        self._keep(record, "baseline echo", theirs)
+        steady = _figure(mine, "steady_pps")
+        self.rows.append(
+            make_row(
+                "new_groups",
+                "points/s steady vs parse limit",
+                steady,
+                "points/s",
+                limit,
+                ratio_at_least(0.5),
+                _describe_failure("ours", mine),
+            )
+        )
+        self.rows.append(
+            make_row(
+                "new_groups",
+                "points/s steady vs baseline echo",
+                steady,
+                "points/s",
+                _figure(theirs, "steady_pps"),
+                note=_describe_failure("baseline", theirs),
+            )
+        )
+        self.rows.append(
+            make_row("new_groups", "points/s incl. start-up", _figure(mine, "total_pps"), "points/s", _figure(theirs, "total_pps"))
+        )
+
+    def case_latency(self, record: dict[str, Any]) -> None:
+        s = self.settings
+        measured = int(s.latency_rate * s.latency_seconds)
+        workload = Workload(1 + int(s.latency_rate * s.latency_warmup_seconds) + measured, s.groups)
+        workload.path()
+        pairs: tuple[tuple[str, str, list[tuple[str, object]], float, float], ...] = (
+            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 60.0, 150.0),
+            ("mirror", "echo", [], 5.0, 20.0),
+        )
+        for udf, handler, options, p50_goal, p99_goal in pairs:
+            results = {}
+            for role, command in (("ours", ours(udf, s)), ("baseline", baseline(handler))):
+                self.say(f"{command.label}: {measured:,} points at {s.latency_rate:,.0f} points/s, one per write")
+                result = run_paced(
+                    command,
+                    init_frame(options),
+                    workload,
+                    s.latency_rate,
+                    s.latency_seconds,
+                    s.latency_warmup_seconds,
+                    s.time_limit(workload.points),
+                )
+                p50, p99 = (result.latency.p50_ms, result.latency.p99_ms) if result.latency else (None, None)
+                self.say(
+                    f"  -> {result.status}, p50 {_number(p50)} ms, p99 {_number(p99)} ms" + (f" ({result.error})" if result.error else "")
+                )
+                self._keep(record, f"{role} {udf}", result)
+                results[role] = result
+            mine, theirs = results["ours"].latency, results["baseline"].latency
+            missing = mine.unanswered if mine else measured
+            note = "; ".join(filter(None, [_describe_failure("ours", results["ours"]), _describe_failure("baseline", results["baseline"])]))
+            if missing:
+                note = "; ".join(filter(None, [note, f"{missing} point(s) never came back"]))
+            for figure, attribute, goal in (
+                ("p50", "p50_ms", value_at_most(p50_goal, "ms")),
+                ("p99", "p99_ms", value_at_most(p99_goal, "ms")),
+                ("max", "max_ms", None),
+            ):
+                row = make_row(
+                    "latency",
+                    f"{udf} {figure} at {s.latency_rate:,.0f} points/s",
+                    getattr(mine, attribute) if mine else None,
+                    "ms",
+                    getattr(theirs, attribute) if theirs else None,
+                    goal,
+                    note if figure == "p50" else "",
+                )
+                if goal is not None and missing:
+                    row.met = False
+                self.rows.append(row)
+
+    def case_memory(self, record: dict[str, Any]) -> None:
+        s = self.settings
+        sizes = sorted(set(s.memory_points))
+        for udf, options in (("mirror", []), ("moving_avg", MOVING_AVG_OPTIONS)):
+            peaks: dict[int, RunResult] = {}
+            for points in sizes:
+                workload = Workload(points, s.groups)
+                mine = self.flat_out(ours(udf, s), options, workload)
+                self._keep(record, f"ours {udf} {points}", mine)
+                peaks[points] = mine
+                handler = "echo" if udf == "mirror" else "moving_avg"
+                theirs = self.runs.get((baseline(handler).label, workload))
+                m = mine.memory
+                note = _describe_failure("ours", mine)
+                self.rows.append(
+                    make_row(
+                        "memory",
+                        f"{udf} agent RSS peak @ {points:,}",
+                        m.agent_mb,
+                        "MB",
+                        theirs.memory.agent_mb if theirs else None,
+                        note=note,
+                    )
+                )
+                if udf != "mirror":
+                    self.rows.append(make_row("memory", f"{udf} JVM RSS peak @ {points:,}", m.jvm_mb, "MB", goal=value_at_most(600, "MB")))
+                    self.rows.append(make_row("memory", f"{udf} Spark workers RSS peak @ {points:,}", m.workers_mb, "MB"))
+            if len(sizes) > 1:
+                small, large = peaks[sizes[0]].memory.agent_mb, peaks[sizes[-1]].memory.agent_mb
+                growth = large / small if small else None
+                self.rows.append(
+                    make_row(
+                        "memory",
+                        f"{udf} agent RSS {sizes[-1]:,} / {sizes[0]:,}",
+                        growth,
+                        "x",
+                        goal=Goal("<= 1.25 (flat)", lambda row: None if row.value is None else row.value <= 1.25),
+                    )
+                )
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _first_line(command: list[str]) -> str | None:
+    try:
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=30, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout or done.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def machine() -> dict[str, Any]:
+    cpu_model = None
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_total_mb = None
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                mem_total_mb = int(line.split()[1]) // 1024
+                break
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "mem_total_mb": mem_total_mb,
+        "load_average_start": list(os.getloadavg()),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "pyspark": _package_version("pyspark"),
+        "protobuf": _package_version("protobuf"),
+        "pandas": _package_version("pandas"),
+        "udf_agent": _package_version("udf-agent"),
+        "java": _first_line(["java", "-version"]),
+        "git_commit": _first_line(["git", "rev-parse", "--short", "HEAD"]),
+        "git_dirty": bool(_first_line(["git", "status", "--porcelain", "--untracked-files=no"])),
+    }
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("case", "figure", "ours", "unit", "baseline", "ours/base", "goal", "met", "note")
+    lines = [
+        (
+            row.case,
+            row.figure,
+            _number(row.value),
+            row.unit,
+            _number(row.baseline),
+            "-" if row.ratio is None else f"{row.ratio:.2f}x",
+            row.goal,
+            {True: "yes", False: "NO", None: "-" if not row.goal else "n/a"}[row.met],
+            row.note if len(row.note) <= 110 else row.note[:107] + "...",
+        )
+        for row in rows
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+    right = {2, 4, 5}
+
+    def render(cells: tuple[str, ...]) -> str:
+        return "  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([render(header), rule, *(render(cells) for cells in lines)])
+
+
+def format_machine(info: dict[str, Any]) -> str:
+    load = " ".join(f"{x:.2f}" for x in info["load_average_start"])
+    return (
+        f"machine: {info['nproc']} CPUs ({info['cpu_model']}), {info['mem_total_mb']:,} MB RAM, kernel {info['kernel']}\n"
+        f"software: python {info['python']}, pyspark {info['pyspark']}, protobuf {info['protobuf']}, pandas {info['pandas']}, "
+        f"udf-agent {info['udf_agent']} ({info['git_commit']}{', dirty' if info['git_dirty'] else ''}), {info['java']}\n"
+        f"load average at start: {load}"
+    )
+
+
+def run_benchmarks(settings: Settings, cases: list[str], out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> dict[str, Any]:
+    """Runs ``cases`` in order and returns the report (printing machine and table to ``out``)."""
+    unknown = [case for case in cases if case not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    info = machine()
+    print(format_machine(info), file=out, flush=True)
+    bench = Bench(settings, progress)
+    started = _now()
+    interrupted = False
+    try:
+        for case in cases:
+            bench.run_case(case)
+    except KeyboardInterrupt:  # still report what was measured
+        interrupted = True
+    info["load_average_end"] = list(os.getloadavg())
+    report = {
+        "schema": 1,
+        "started": started,
+        "finished": _now(),
+        "interrupted": interrupted,
+        "machine": info,
+        "settings": asdict(settings),
+        "cases": bench.cases,
+        "rows": [asdict(row) for row in bench.rows],
+    }
+    print(file=out)
+    print(format_table(bench.rows), file=out)
+    print(f"\nload average at end: {' '.join(f'{x:.2f}' for x in info['load_average_end'])}", file=out, flush=True)
+    return report
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
+
+
+def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes, mostly Spark start-ups")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from: {','.join(CASES)} (default: all)")
+    parser.add_argument("--json", default=DEFAULT_JSON, help="where to write the results (default: %(default)s)")
+    parser.add_argument("--points", type=int, help="points of the echo, moving_avg and limits cases (default 1,000,000)")
+    parser.add_argument("--groups", type=int, help="groups of those cases (default 100)")
+    parser.add_argument("--many-groups", type=int, help="groups of the many_groups case (default 10,000)")
+    parser.add_argument("--points-per-group", type=int, help="points per group of the many_groups case (default 30)")
+    parser.add_argument("--new-group-points", type=int, help="points of the new_groups case, each a new group (default 200,000)")
+    parser.add_argument("--latency-rate", type=float, help="points/s of the latency case (default 1,000)")
+    parser.add_argument("--latency-seconds", type=float, help="measured seconds of the latency case (default 10)")
+    parser.add_argument("--memory-points", type=_int_list, help="sizes of the memory case, e.g. 1000000,10000000 (default: --points)")
+    parser.add_argument("--time-limit-scale", type=float, help="multiplies every per-run time limit")
+    parser.add_argument(
+        "--agent-arg",
+        action="append",
+        default=[],
+        help="extra argument for `udf-agent run UDF` (repeatable), e.g. --agent-arg=--flush-interval=50ms",
+    )
+    parser.add_argument(
+        "--kapacitor-src",
+        default=os.environ.get("KAPACITOR_SRC"),
+        help="a Kapacitor checkout: also time its Python moving_avg example (default: $KAPACITOR_SRC)",
+    )
+    args = parser.parse_args(argv)
+    settings = Settings.quick() if args.quick else Settings()
+    overrides = {
+        name: value
+        for name, value in {
+            "points": args.points,
+            "groups": args.groups,
+            "many_groups": args.many_groups,
+            "points_per_group": args.points_per_group,
+            "new_group_points": args.new_group_points,
+            "latency_rate": args.latency_rate,
+            "latency_seconds": args.latency_seconds,
+            "time_limit_scale": args.time_limit_scale,
+        }.items()
+        if value is not None
+    }
+    if args.memory_points:
+        overrides["memory_points"] = args.memory_points
+    elif args.points is not None:
+        overrides["memory_points"] = (args.points,)
+    overrides["agent_args"] = tuple(args.agent_arg)
+    overrides["kapacitor_src"] = args.kapacitor_src or None
+    settings = replace(settings, **overrides)
+    cases = [case.strip() for case in args.cases.split(",") if case.strip()]
+    return settings, cases, args.json
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, cases, json_path = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        report = run_benchmarks(settings, cases)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report["command"] = ["benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)]
+    directory = os.path.dirname(os.path.abspath(json_path))
+    os.makedirs(directory, exist_ok=True)
+    with open(json_path, "w") as out:
+        json.dump(report, out, indent=1, default=str)
+        out.write("\n")
+    print(f"results written to {json_path}")
+    return 130 if report["interrupted"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The benchmark suite itself, on tiny sizes and without Spark (baseline agents and ``udf-agent run mirror`` only)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.driver import run_paced  # noqa: E402
+from benchmarks.framing import encode_varint, point_time, split_frames  # noqa: E402
+from benchmarks.run import Settings, baseline, format_table, ours, run_benchmarks  # noqa: E402
+from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame  # noqa: E402
+from udf_agent import udf_pb2  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+TINY = Settings(points=2_000, groups=20, new_group_points=2_000, memory_points=(2_000,), time_limit_scale=0.5)
+
+
+def test_workload_frames_parse_as_kapacitor_points():
+    workload = Workload(300, 7)
+    data = workload.frames(0, workload.points)
+    spans, rest = split_frames(data)
+    assert rest == len(data) and len(spans) == workload.points
+    assert {end - start for start, end in spans} == {workload.frame_length - 2}
+    values = workload.values(0, workload.points)
+    for index in (0, 1, 8, 299):
+        point = udf_pb2.Request.FromString(data[spans[index][0] : spans[index][1]]).point
+        tags = group_tags(index % 7)
+        assert point.time == workload.time_of(index)
+        assert (point.name, point.database, point.retentionPolicy) == ("cpu", "telegraf", "autogen")
+        assert dict(point.tags) == tags and list(point.dimensions) == ["cpu", "host"]
+        assert point.group == group_id(tags) == f"cpu={tags['cpu']},host={tags['host']}"
+        assert [point.fieldsDouble[name] for name in ("usage_idle", "usage_system", "usage_user")] == list(values[index])
+        response = udf_pb2.Response(point=point).SerializeToString()
+        assert point_time(response) == point.time
+
+
+def test_runner_counts_every_point_and_writes_the_report():
+    out, progress = io.StringIO(), io.StringIO()
+    report = run_benchmarks(TINY, ["limits", "echo", "new_groups"], out=out, progress=progress)
+    report = json.loads(json.dumps(report, default=str))
+
+    assert {"schema", "started", "finished", "interrupted", "machine", "settings", "cases", "rows"} <= report.keys()
+    assert {"nproc", "cpu_model", "mem_total_mb", "load_average_start", "load_average_end", "python", "pyspark"} <= report["machine"].keys()
+    assert list(report["cases"]) == ["limits", "echo", "new_groups"]
+    for name in ("echo", "new_groups"):
+        case = report["cases"][name]
+        assert case["status"] == "ok", case
+        for run in case["runs"].values():
+            assert run["status"] == "ok", run
+            assert run["points_sent"] == run["points_out"] == 2_000
+            assert run["steady_pps"] > 0 and run["total_pps"] > 0 and run["first_output_s"] > 0
+            assert run["keepalive"]["unanswered"] == 0
+    assert report["cases"]["limits"]["figures"]["framing_pps"] > report["cases"]["limits"]["figures"]["parse_pps"] > 0
+    row_keys = {"case", "figure", "value", "unit", "baseline", "ratio", "goal", "met", "note"}
+    assert all(row.keys() == row_keys for row in report["rows"])
+    figures = {(row["case"], row["figure"]) for row in report["rows"]}
+    assert ("echo", "points/s steady") in figures and ("echo", "keepalive p99 (flat out)") in figures
+    assert ("new_groups", "points/s steady vs parse limit") in figures
+    printed = out.getvalue()
+    assert "machine:" in printed and "load average at end" in printed and "ours/base" in printed
+    assert format_table([]).startswith("case")
+
+
+@pytest.mark.parametrize("command", [ours("mirror", TINY), baseline("echo")], ids=lambda c: c.label)
+def test_paced_run_matches_every_output_to_its_input(command):
+    workload = Workload(1 + 100 + 400, 20)
+    result = run_paced(command, init_frame([]), workload, rate=500, seconds=0.8, warmup_seconds=0.2, time_limit=30)
+    assert result.status == "ok", (result.error, result.stderr_tail)
+    assert result.points_out == workload.points
+    assert result.latency is not None and result.latency.count == 400 and result.latency.unanswered == 0
+    assert 0 < result.latency.p50_ms <= result.latency.p99_ms <= result.latency.max_ms
+
+
+def _baseline_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
+    from udf_agent.testing import KapacitorDriver, option
+
+    driver = KapacitorDriver.command([sys.executable, os.path.join(REPO, "benchmarks", "baseline_agent.py"), "moving_avg"], cwd=REPO)
+    try:
+        assert driver.init(*(option(name, value) for name, value in MOVING_AVG_OPTIONS)).success
+        driver.send_raw(frames)
+        assert driver.close(timeout=30) == 0, driver.log()
+    finally:
+        driver.kill()
+    return driver.responses.of("point")
+
+
+def _project_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
+    from udf_agent.builtins import BUILTINS
+    from udf_agent.engine import Engines, LocalEngine
+    from udf_agent.testing import InProcessAgent, option
+
+    agent = InProcessAgent(BUILTINS["moving_avg"], Engines(LocalEngine))
+    assert agent.driver.init(*(option(name, value) for name, value in MOVING_AVG_OPTIONS)).success
+    agent.driver.send_raw(frames)
+    assert agent.finish(timeout=60) == 0
+    return agent.driver.responses.of("point")
+
+
+def _quarters(workload: Workload) -> bytes:
+    """The workload's frames with usage_user rounded to quarters, so every window sum is exact in any order."""
+    data = workload.frames(0, workload.points)
+    spans, _ = split_frames(data)
+    out = bytearray()
+    for start, end in spans:
+        request = udf_pb2.Request.FromString(data[start:end])
+        request.point.fieldsDouble["usage_user"] = round(request.point.fieldsDouble["usage_user"] * 4) / 4
+        out += encode_varint(request.ByteSize()) + request.SerializeToString()
+    return bytes(out)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["quarter-values", "random-values"])
+def test_baseline_moving_avg_equals_the_projects(exact):
+    workload = Workload(1_000, 13)  # 13 groups: windows both filling up (n < size) and full
+    frames = _quarters(workload) if exact else workload.frames(0, workload.points)
+    theirs, mine = _baseline_moving_avg(frames), _project_moving_avg(frames)
+    assert len(theirs) == len(mine) == workload.points
+    assert [point.time for point in theirs] == [workload.time_of(i) for i in range(workload.points)]
+    # The project keeps input order within a group, not across groups: compare by time.
+    by_time = {point.time: point for point in mine}
+    for point in theirs:
+        other = by_time[point.time]
+        assert list(point.fieldsDouble) == list(other.fieldsDouble) == ["avg"]
+        if exact:
+            assert point == other
+        else:
+            # Summation order differs (numpy vs Python's sum): equal up to rounding in the last bits.
+            assert point.fieldsDouble["avg"] == pytest.approx(other.fieldsDouble["avg"], rel=1e-12, abs=0)
+            point.fieldsDouble["avg"] = other.fieldsDouble["avg"]
+            assert point == other
