@@ -36,8 +36,8 @@ DEFAULT_CONF = {
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
-    "spark.driver.memory": "2g",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto",
+    "spark.driver.memory": "512m",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto -XX:ReservedCodeCacheSize=64m -XX:MaxMetaspaceSize=256m",
 }
 
 
@@ -58,6 +58,8 @@ class SparkEngine:
     Spark accepts jobs from several threads.
     """
 
+    name = "on Spark"
+
     def __init__(self, settings: SparkSettings | None = None, session: Any = None):
         self.settings = settings or SparkSettings()
         self._session = session
@@ -74,6 +76,9 @@ class SparkEngine:
                 return
             self._thread = threading.Thread(target=self._start_session, name="spark-start", daemon=True)
             self._thread.start()
+
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._error is None
 
     def wait_ready(self) -> None:
         self.start()
@@ -146,7 +151,9 @@ def _warm_workers(session: Any) -> None:
 
 def _import_compute(frames: Any) -> Any:
     import udf_agent.compute  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
+    from udf_agent import pointcodec
 
+    pointcodec.warm_up()  # numba's compiled decoder, from its cache
     yield from frames
 
 

@@ -551,7 +551,8 @@ class Agent:
         started = time.monotonic()
         self._computing = batch.count
         try:
-            results = self.engines.engine_for(self.spec).run(self._job, tasks)
+            engine = self.engines.engine_for(self.spec, batch.count)
+            results = engine.run(self._job, tasks)
         except Exception as exc:
             log.exception("compute engine failed")
             raise UDFError(f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}") from exc
@@ -574,8 +575,8 @@ class Agent:
                 self._groups[result.key] = (history, state)
             emitted += int(result.emitted)
         log.debug(
-            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s",
-            batch.count, len(rows), emitted, time.monotonic() - started,
+            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
+            batch.count, len(rows), emitted, time.monotonic() - started, engine.name,
         )
 
     def _snapshot(self) -> None:

@@ -53,6 +53,7 @@ def _compute_options(function: Any) -> Any:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default)."),
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
+        click.option("--local-max-points", type=click.IntRange(min=0), default=None, help="Micro-batches of at most this many points, and all of them while Spark starts, are computed in the agent process by the same code Spark runs, without a Spark job's fixed cost. 0: always Spark.  [default: 5000 with a local master, else 0]"),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
@@ -77,7 +78,11 @@ def _load(target: str) -> Any:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
+# Below this many points a micro-batch costs less in the agent than a Spark job's floor.
+DEFAULT_LOCAL_MAX_POINTS = 5_000
+
+
+def _engines(master: str, confs: tuple[tuple[str, str], ...], local_max_points: int | None) -> Any:
     from udf_agent.engine import Engines
 
     def make_spark() -> Any:
@@ -85,7 +90,10 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...]) -> Any:
 
         return SparkEngine(SparkSettings(master=master, conf=dict(confs)))
 
-    return Engines(make_spark)
+    if local_max_points is None:
+        # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
+        local_max_points = DEFAULT_LOCAL_MAX_POINTS if master.startswith("local") else 0
+    return Engines(make_spark, local_max_points)
 
 
 def _agent_config(agent_options: dict[str, Any]) -> Any:
@@ -124,7 +132,7 @@ def main() -> None:
 @main.command()
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, log_level: str, **agent_options: Any) -> None:
+def run(target: str, master: str, confs: Any, local_max_points: int | None, log_level: str, **agent_options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -133,7 +141,7 @@ def run(target: str, master: str, confs: Any, log_level: str, **agent_options: A
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
     configure_logging(log_level)
-    engines = _engines(master, confs)
+    engines = _engines(master, confs, local_max_points)
     agent = Agent(None, connection, engines, _agent_config(agent_options))
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
@@ -147,7 +155,7 @@ def run(target: str, master: str, confs: Any, log_level: str, **agent_options: A
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, log_level: str, **agent_options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, local_max_points: int | None, log_level: str, **agent_options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -161,7 +169,7 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
         raise click.BadParameter(f"{socket_mode!r} is not a file mode", param_hint="--socket-mode")
     configure_logging(log_level)
     spec = _load(target)
-    engines = _engines(master, confs)
+    engines = _engines(master, confs, local_max_points)
     config = _agent_config(agent_options)
     server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=config.drain_timeout)
     try:

@@ -212,7 +212,7 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
         if prefix in cols.FIELD_PREFIXES:
             field_kinds.setdefault(name[len(prefix) :], []).append(name)
     columns: dict[str, Any] = {
-        TIME_COLUMN: pd.to_datetime(data.column(cols.TIME).to_numpy(), unit="ns", utc=True)
+        TIME_COLUMN: pd.DatetimeIndex(data.column(cols.TIME).to_numpy().view("M8[ns]")).tz_localize("UTC")
     }
     layout = Layout(tag_columns={})
     for name in sorted(n for n in names if n.startswith(cols.TAG)):
@@ -232,8 +232,8 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
                     if value is not None and merged[row] is None:
                         merged[row] = value
             columns[column] = pd.Series(merged, dtype=object)
-    frame = pd.DataFrame(columns)
-    frame.index = pd.RangeIndex(data.num_rows, name=INPUT_ROW)
+    # numpy arrays in, no copies: a Series per column would cost more than most UDFs.
+    frame = pd.DataFrame(columns, index=pd.RangeIndex(data.num_rows, name=INPUT_ROW), copy=False)
     return frame, layout
 
 
@@ -243,7 +243,7 @@ _NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
 def _to_pandas(column: pa.ChunkedArray) -> Any:
     if column.null_count and column.type in _NULLABLE:
         return column.to_pandas(types_mapper=_NULLABLE.get)
-    return column.to_pandas()
+    return column.to_numpy(zero_copy_only=False)
 
 
 def output_points(

@@ -1,0 +1,64 @@
+"""Which engine computes a micro-batch (udf_agent.engine.Engines)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from udf_agent.builtins import BUILTINS
+from udf_agent.cli import DEFAULT_LOCAL_MAX_POINTS, _engines
+from udf_agent.engine import Engines, LocalEngine
+
+
+class StartingEngine:
+    """An engine that is or is not ready yet; ``run`` is never reached in these tests."""
+
+    name = "elsewhere"
+
+    def __init__(self, ready: bool):
+        self._ready = ready
+
+    def start(self) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def run(self, job, tasks):
+        raise AssertionError("not run here")
+
+    def stop(self) -> None:
+        pass
+
+
+MOVING_AVG = BUILTINS["moving_avg"]
+
+
+def test_small_micro_batches_run_in_the_agent_and_big_ones_where_spark_is():
+    spark = StartingEngine(ready=True)
+    engines = Engines(lambda: spark, local_max_points=100)
+    assert isinstance(engines.engine_for(MOVING_AVG, 100), LocalEngine)
+    assert engines.engine_for(MOVING_AVG, 101) is spark
+    assert engines.engine_for(MOVING_AVG) is spark
+
+
+def test_while_spark_starts_every_micro_batch_runs_in_the_agent():
+    engines = Engines(lambda: StartingEngine(ready=False), local_max_points=100)
+    assert isinstance(engines.engine_for(MOVING_AVG, 50_000), LocalEngine)
+
+
+def test_without_a_local_budget_everything_waits_for_spark():
+    spark = StartingEngine(ready=False)
+    engines = Engines(lambda: spark)
+    assert engines.engine_for(MOVING_AVG, 1) is spark
+
+
+def test_udfs_that_compute_nothing_never_reach_spark():
+    engines = Engines(lambda: StartingEngine(ready=True))
+    assert isinstance(engines.engine_for(dataclasses.replace(MOVING_AVG, compute=False), 10**6), LocalEngine)
+
+
+def test_the_local_budget_defaults_on_for_embedded_spark_only():
+    assert _engines("local[*]", (), None).local_max_points == DEFAULT_LOCAL_MAX_POINTS
+    assert _engines("local[2]", (), 0).local_max_points == 0
+    assert _engines("spark://10.0.0.1:7077", (), None).local_max_points == 0
+    assert _engines("spark://10.0.0.1:7077", (), 500).local_max_points == 500
