@@ -57,7 +57,9 @@ def test_runner_counts_every_point_and_writes_the_report():
         for run in case["runs"].values():
             assert run["status"] == "ok", run
             assert run["points_sent"] == run["points_out"] == 2_000
-            assert run["steady_pps"] > 0 and run["total_pps"] > 0 and run["first_output_s"] > 0
+            # Output that arrives in a single read has no steady interval to measure.
+            assert run["steady_pps"] is None or run["steady_pps"] > 0
+            assert run["total_pps"] > 0 and run["first_output_s"] > 0
             assert run["keepalive"]["unanswered"] == 0
     assert report["cases"]["limits"]["figures"]["framing_pps"] > report["cases"]["limits"]["figures"]["parse_pps"] > 0
     row_keys = {"case", "figure", "value", "unit", "baseline", "ratio", "goal", "met", "note"}

@@ -14,7 +14,7 @@ from udf_agent.agent import AgentConfig
 from udf_agent.builtins import moving_avg, outliers
 from udf_agent.codec import FrameDecoder, encode_frame
 from udf_agent.compute import TASK_COLUMNS, Job
-from udf_agent.engine import LocalEngine
+from udf_agent.engine import Engines, LocalEngine
 from udf_agent.table import KapacitorBatch, StreamMicroBatch
 from udfs import sample
 
@@ -282,7 +282,9 @@ def test_new_rows_from_a_fresh_frame_are_emitted_not_taken_for_history(engines):
         for t in range(6):
             driver.point(time=t * 10, name="m", tags={"host": "a"}, fieldsDouble={"value": float(t)})
 
-    harness, driver = run_agent(sample.window_total, engines, (), AgentConfig(flush_interval=0.01, max_batch_points=2), feed)
+    # Boundaries set by count alone: this UDF's output depends on them.
+    config = AgentConfig(flush_interval=60, adaptive_flush=False, max_batch_points=2)
+    harness, driver = run_agent(sample.window_total, engines, (), config, feed)
     points = driver.responses.wait_for("point", 3, timeout=300)
     assert harness.finish() == 0
     # One point per micro-batch of two, each the total of the last three values.
@@ -334,3 +336,66 @@ def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
     assert 4242 in stamps
     heartbeats = stamps[: stamps.index(4242)]
     assert len(heartbeats) >= 3 and all(s > 10**18 for s in heartbeats)
+
+
+# ---- vectorized UDFs: one call for many groups ----
+
+
+def test_a_vectorized_udf_is_called_once_with_every_group_of_the_micro_batch():
+    sample.vectorized_calls.clear()
+    harness = InProcessAgent(sample.group_sizes, Engines(LocalEngine), AgentConfig(flush_interval=60, adaptive_flush=False, max_batch_points=9))
+    driver = harness.driver
+    assert driver.init().success
+    # Two micro-batches of nine points over groups a, b, c: the second also carries one
+    # history row per group.
+    for t in range(18):
+        group = "abc"[t % 3]
+        driver.point(time=t, name="m", group=f"k={group}", dimensions=["k"], tags={"k": group}, fieldsDouble={"v": 1.0})
+    points = driver.responses.wait_for("point", 18, timeout=60)
+    assert harness.finish() == 0
+    assert sample.vectorized_calls == [(("k=a", "k=b", "k=c"), [0, 3, 6, 9]), (("k=a", "k=b", "k=c"), [0, 4, 8, 12])]
+    # History rows' results are dropped; every point comes out once, in order within its group.
+    assert [p.time for p in points if p.tags["k"] == "a"] == list(range(0, 18, 3))
+    assert [p.fieldsInt["rows"] for p in points] == [3] * 9 + [4] * 9
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (sample.vectorized_new_rows, "must return one row per input row"),
+        (sample.vectorized_with_state, "keeps no ctx.state"),
+    ],
+    ids=["new-rows", "state"],
+)
+def test_a_vectorized_udf_that_breaks_its_contract_fails_the_task_clearly(spec, message):
+    harness = InProcessAgent(spec, Engines(LocalEngine), AgentConfig(flush_interval=0.01))
+    driver = harness.driver
+    assert driver.init().success
+    driver.point(time=1, name="m", group="k=a", dimensions=["k"], tags={"k": "a"}, fieldsDouble={"v": 1.0})
+    (error,) = driver.responses.wait_for("error", 1, timeout=30)
+    assert message in error.error and "partition of 1 group(s)" in error.error
+    assert harness.finish() == 1
+
+
+def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engines):
+    rng = np.random.default_rng(5)
+    groups, per_group, size = 10_000, 3, 2
+    values = rng.normal(size=groups * per_group)
+
+    def feed(driver):
+        frames = []
+        for i, value in enumerate(values):
+            group = f"h{i % groups}"
+            point = udf_pb2.Point(time=i, name="cpu", group=f"host={group}", dimensions=["host"], tags={"host": group}, fieldsDouble={"v": value})
+            frames.append(encode_frame(udf_pb2.Request(point=point)))
+        driver.send_raw(b"".join(frames))
+
+    config = AgentConfig(flush_interval=0.05, max_batch_points=12_000)
+    harness, driver = run_agent(moving_avg, engines, (option("field", "v"), option("size", size)), config, feed)
+    points = driver.responses.wait_for("point", len(values), timeout=300)
+    assert harness.finish() == 0
+    # Groups take turns, so a point's predecessor in its group is `groups` points earlier.
+    expected = values.copy()
+    expected[groups:] = (values[:-groups] + values[groups:]) / 2
+    got = {p.time: p.fieldsDouble["avg"] for p in points}
+    assert np.allclose([got[t] for t in range(len(values))], expected, rtol=1e-12, atol=0)

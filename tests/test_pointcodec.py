@@ -133,9 +133,14 @@ def test_encode_rows_gives_the_reference_points(seed):
     _, headers = pointcodec.decode_with_headers(encoded(points))
     order = np.sort(rows)
     fields = [(("time" if c == "field:time" else c), subset[c].to_numpy()[np.argsort(rows)]) for c in subset.columns]
-    fast = pointcodec.encode_rows(headers, order, fields)
-    assert fast is not None
-    assert parsed(fast) == parsed(reference_frames(points, subset))
+    written = pointcodec.encode_rows(headers, order, fields)
+    assert written is not None
+    frames, ends = written
+    assert parsed(frames) == parsed(reference_frames(points, subset))
+    # Each frame ends where the next begins: the frames of any row range can be cut out.
+    assert ends[-1] == len(frames) and len(ends) == len(order)
+    starts = np.concatenate(([0], ends[:-1]))
+    assert [parsed(frames[a:b])[0] for a, b in zip(starts, ends)] == parsed(frames)
 
 
 def test_encode_rows_declines_what_it_does_not_write():

@@ -20,6 +20,7 @@ from udf_agent import snapshot as snap
 from udf_agent import udf_pb2
 from udf_agent.agent import AgentConfig
 from udf_agent.builtins import mirror, moving_avg
+from udf_agent.codec import encode_varint
 from udf_agent.snapshot import SnapshotError, dump_snapshot, load_snapshot
 
 from udf_agent.testing import InProcessAgent, grouped_point, option
@@ -264,11 +265,22 @@ def test_refused_restore_does_not_wipe_state_restored_earlier(engines, good_snap
 
 # ---- the format, unit level ----
 
+def _history(*points: udf_pb2.Point) -> bytes:
+    """Kept history as the runtime keeps it: length-prefixed point bytes."""
+    return b"".join(encode_varint(len(b)) + b for b in (p.SerializeToString() for p in points))
+
+
 GROUPS = {
-    "group=a": (b"\x00history-a\xff", None),
+    "group=a": (_history(grouped_point(1, "a", 1.0), grouped_point(2, "a", 2.5)), None),
     "group=b": (None, '{"count":3}'),
-    "": (b"h", '{"x":[1,2.5,null]}'),
+    "": (_history(udf_pb2.Point(time=3, fieldsInt={"n": 1})), '{"x":[1,2.5,null]}'),
 }
+
+
+def test_a_checksummed_snapshot_whose_history_holds_no_points_is_refused():
+    data = dump_snapshot("moving_avg", {"group=a": (b"\x05junk", None)})
+    with pytest.raises(SnapshotError, match="history of group 'group=a' holds no valid points"):
+        load_snapshot("moving_avg", data)
 
 
 def test_dump_load_round_trip():
@@ -283,7 +295,7 @@ def test_dump_load_round_trip_of_no_groups():
 def test_snapshot_layout_is_magic_version_digest_body():
     data = dump_snapshot("moving_avg", GROUPS)
     magic, version, digest = struct.unpack_from(">8sH32s", data)
-    assert magic == b"KUDFSNAP" and version == 1
+    assert magic == b"KUDFSNAP" and version == snap.VERSION == 2
     assert digest == hashlib.sha256(data[42:]).digest()
 
 
@@ -315,7 +327,7 @@ def _body_without_group_column() -> bytes:
         (lambda data: data[:41], "unknown header"),
         (lambda data: b"X" + data[1:], "unknown header"),
         (lambda data: os.urandom(len(data)), "unknown header"),
-        (lambda data: _version_changed(data), "version 2 is not supported (this agent reads version 1)"),
+        (lambda data: _version_changed(data), "version 3 is not supported (this agent reads version 2)"),
         (lambda data: data[:8] + struct.pack(">H", 0) + data[10:], "version 0 is not supported"),
         (lambda data: _body_byte_flipped(data), "checksum mismatch"),
         (lambda data: data[:12] + bytes([data[12] ^ 0x80]) + data[13:], "checksum mismatch"),

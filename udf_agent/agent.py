@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 4 * 1024 * 1024
 HEARTBEAT_INTERVAL = 0.25
+# The longest an InitResponse waits for the hot path (compiled scanner and point
+# codec) to load; numba's first compile on a new machine can take longer.
+HOT_PATH_WAIT = 3.0
 # The most the writer hands to one write: a keepalive reply queued meanwhile waits
 # for no more than this (and the pipe's own buffer) to drain.
 WRITE_CHUNK = 256 * 1024
@@ -453,19 +456,36 @@ class Agent:
     def _start(self, event: Started) -> None:
         self._options = event.options
         self.engines.warm_up(self.spec)
-        threading.Thread(target=self._load_scanner, name="scanner-load", daemon=True).start()
+        threading.Thread(target=self._reply_when_loaded, args=(event.reply,), name="hot-path-load", daemon=True).start()
 
-    def _load_scanner(self) -> None:
+    def _reply_when_loaded(self, reply: bytes) -> None:
+        """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed).
+
+        Kapacitor sends points only after it, so they all take the fast path; the
+        reader answers keepalives meanwhile.
+        """
+        loader = threading.Thread(target=self._load_hot_path, name="hot-path", daemon=True)
+        loader.start()
+        loader.join(HOT_PATH_WAIT)
+        if loader.is_alive():
+            log.info("the compiled hot path is still loading after %g s (numba's first compile); answering Init now", HOT_PATH_WAIT)
+        self.writer.send(reply)
+
+    def _load_hot_path(self) -> None:
         started = time.monotonic()
         try:
             from udf_agent.scan import FastFrameSplitter, warm_up
 
             warm_up()
-        except Exception as exc:  # only a speed-up: the reference splitter carries on
-            log.warning("compiled frame scanner unavailable, reading with the slower reference splitter: %s", exc)
+            self._fast_splitter = FastFrameSplitter
+            if self.spec is not None and self.spec.compute and not self.spec.passthrough:
+                from udf_agent import pointcodec
+
+                pointcodec.warm_up()
+        except Exception as exc:  # only speed-ups: the reference paths carry on
+            log.warning("the compiled hot path is unavailable, running the slower reference code: %s", exc)
             return
-        self._fast_splitter = FastFrameSplitter
-        log.debug("compiled frame scanner ready in %.2f s", time.monotonic() - started)
+        log.debug("compiled hot path loaded in %.2f s", time.monotonic() - started)
 
     # ---- compute ----
 

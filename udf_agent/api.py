@@ -33,6 +33,9 @@ class UDFSpec:
     # The function returns every point unchanged: the runtime forwards point
     # frames as received (byte-identical as Responses) and never calls it.
     passthrough: bool = False
+    # Called once per partition with many groups' rows (see Context.group_starts),
+    # so nothing in the call scales with the number of groups.
+    vectorized: bool = False
 
     def __post_init__(self) -> None:
         for edge in (self.wants, self.provides):
@@ -46,6 +49,8 @@ class UDFSpec:
             raise ValueError(f"UDF {self.name!r}: history applies to stream UDFs only")
         if self.passthrough and (self.wants, self.provides, self.history) != ("stream", "stream", None):
             raise ValueError(f"UDF {self.name!r}: passthrough is for stream-to-stream UDFs without history")
+        if self.vectorized and (self.wants, self.provides) != ("stream", "stream"):
+            raise ValueError(f"UDF {self.name!r}: vectorized is for stream-to-stream UDFs")
 
     def history_window(self, options: OptionValues) -> dict[str, int] | None:
         """The per-group history to keep: {"rows": n} or {"ns": duration}, or None."""
@@ -76,6 +81,10 @@ class Context:
     between calls and puts it in snapshots. ``history_rows`` counts the rows
     at the top of the frame that were already seen in earlier micro-batches;
     results for them are dropped by the runtime.
+
+    A vectorized UDF's call holds many groups: those of ``groups``, group ``i``
+    in rows ``group_starts[i]:group_starts[i + 1]`` (its history rows first,
+    ``history_rows`` being 0 and ``group`` "" there). It keeps no ``state``.
     """
 
     options: OptionValues
@@ -85,6 +94,8 @@ class Context:
     tmax: Any = None
     state: dict[str, Any] = field(default_factory=dict)
     history_rows: int = 0
+    groups: tuple[str, ...] = ()
+    group_starts: Any = None  # numpy int64 array, len(groups) + 1 entries
 
 
 def stream_udf(
@@ -94,8 +105,10 @@ def stream_udf(
     provides: str = "stream",
     name: str | None = None,
     compute: bool = True,
+    vectorized: bool = False,
 ) -> Callable[[Callable[..., Any]], UDFSpec]:
-    """Declares a STREAM-in UDF called once per group of each micro-batch."""
+    """Declares a STREAM-in UDF called once per group of each micro-batch, or with
+    ``vectorized=True`` once per partition of it, many groups at a time."""
 
     def wrap(function: Callable[..., Any]) -> UDFSpec:
         return UDFSpec(
@@ -106,6 +119,7 @@ def stream_udf(
             options=tuple(options),
             history=history,
             compute=compute,
+            vectorized=vectorized,
             description=_first_line(function.__doc__),
         )
 

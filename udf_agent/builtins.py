@@ -32,6 +32,7 @@ mirror = UDFSpec(name="mirror", function=_echo, compute=False, passthrough=True,
         Option("as", str, default="avg", help="name of the output field"),
     ],
     history=lambda options: options["size"] - 1,
+    vectorized=True,
 )
 def moving_avg(df: Any, ctx: Context) -> Any:
     """Per group, the mean of the last `size` values of `field`, for every point."""
@@ -40,16 +41,23 @@ def moving_avg(df: Any, ctx: Context) -> Any:
 
     options = ctx.options
     field, size = options["field"], options["size"]
+    starts = ctx.group_starts
     if field not in df or df[field].isna().any():
-        raise KeyError(f"every point needs the numeric field {field!r}; some in group {ctx.group!r} lack it")
+        first_bad = 0 if field not in df else int(np.flatnonzero(df[field].isna().to_numpy())[0])
+        group = ctx.groups[int(np.searchsorted(starts, first_bad, side="right")) - 1]
+        raise KeyError(f"every point needs the numeric field {field!r}; some in group {group!r} lack it")
     values = pd.to_numeric(df[field], errors="raise").to_numpy(dtype="float64")
-    # Each window is summed on its own, never as a running sum: the result of a
-    # point cannot depend on what came before its window, so it is the same
-    # whatever the micro-batch boundaries.
-    padded = np.concatenate([np.zeros(size - 1), values])
-    sums = np.lib.stride_tricks.sliding_window_view(padded, size).sum(axis=1)
-    counts = np.minimum(np.arange(1, len(values) + 1), size)
-    return pd.DataFrame({options["as"]: sums / counts}, index=df.index)
+    # Every group at once: each row's place in its group bounds its window.
+    rows = np.arange(len(values))
+    place = rows - np.repeat(starts[:-1], np.diff(starts))
+    # Each window is summed on its own, oldest value first, never as a running sum:
+    # a point's result cannot depend on what came before its window, so it is the
+    # same whatever the micro-batch boundaries.
+    sums = np.zeros(len(values))
+    for lag in range(size - 1, -1, -1):
+        inside = place >= lag
+        sums[inside] += values[rows[inside] - lag]
+    return pd.DataFrame({options["as"]: sums / np.minimum(place + 1, size)}, index=df.index)
 
 
 @batch_udf(

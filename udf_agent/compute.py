@@ -2,7 +2,7 @@
 
 A micro-batch reaches a compute engine as tasks, one per group (stream) or
 per Kapacitor batch: the group's new points as the bytes Kapacitor sent, its
-kept history as Arrow IPC, its UDF state as JSON. A task's result carries the encoded output
+kept history as the bytes of its last points (the same form), its UDF state as JSON. A task's result carries the encoded output
 frames, the new history and state. The same functions run inside Spark's
 pandas UDF and in-process, so results are identical by construction.
 """
@@ -54,8 +54,97 @@ class Job:
 def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The body of the pandas UDF: task rows in, result rows out."""
     for frame in frames:
-        results = [run_task(job, task) for task in frame.itertuples(index=False)]
+        tasks = list(frame.itertuples(index=False))
+        if job.spec.wants == "stream" and tasks:
+            results = _run_stream_partition(job, tasks)
+        else:
+            results = [run_task(job, task) for task in tasks]
         yield pd.DataFrame(results, columns=list(RESULT_COLUMNS))
+
+
+@dataclass
+class _Groups:
+    """Where each group's rows lie in a partition decoded as one table."""
+
+    starts: np.ndarray  # first row of each group, then the number of rows
+    history_rows: list[int]
+
+
+def _run_stream_partition(job: Job, tasks: list[Any]) -> list[tuple]:
+    """Every group of a partition decoded at once: history, then new points, group after group."""
+    histories = [task.history if _present(task.history) else b"" for task in tasks]
+    try:
+        counts = [(pointcodec.count_points(h), pointcodec.count_points(t.data)) for h, t in zip(histories, tasks)]
+        data, headers = pointcodec.decode_with_headers(b"".join(part for h, t in zip(histories, tasks) for part in (h, t.data)))
+    except ProtocolError:
+        return [run_task(job, task) for task in tasks]  # one by one, to name the group at fault
+    starts = np.zeros(len(tasks) + 1, np.int64)
+    np.cumsum([h + n for h, n in counts], out=starts[1:])
+    groups = _Groups(starts, [h for h, _ in counts])
+    window = json.loads(tasks[0].meta).get("history")
+    if job.spec.vectorized:
+        return _run_vectorized(job, tasks, data, headers, groups, window)
+    return [
+        _run_group(job, task, data.slice(start, end - start), headers, int(start), history_rows, window)
+        for task, start, end, history_rows in zip(tasks, starts[:-1], starts[1:], groups.history_rows)
+    ]
+
+
+def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict | None) -> tuple:
+    """One group's call; ``data`` is its rows, from row ``first`` of the partition."""
+    where = f"group {task.key!r}" if task.key else "the ungrouped data"
+    try:
+        output, emitted, state = _call_group(job, task, data, headers, first, history_rows)
+        history = _keep_history(data.column(cols.TIME).to_numpy(), headers, first, window)
+        return (task.seq, task.key, output, history, state, None, emitted)
+    except Exception:
+        error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
+    return (task.seq, task.key, None, None, None, error, 0)
+
+
+def _run_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict | None) -> list[tuple]:
+    """One call for every group of the partition; its per-row result is cut back into groups."""
+    try:
+        outputs, emitted = _call_vectorized(job, tasks, data, headers, groups)
+    except Exception:
+        error = f"UDF {job.spec.name!r} failed on a partition of {len(tasks)} group(s):\n{traceback.format_exc()}"
+        return [(task.seq, task.key, None, None, None, error, 0) for task in tasks]
+    times = data.column(cols.TIME).to_numpy()
+    results = []
+    for index, task in enumerate(tasks):
+        start, end = int(groups.starts[index]), int(groups.starts[index + 1])
+        history = _keep_history(times[start:end], headers, start, window)
+        results.append((task.seq, task.key, outputs[index], history, None, None, int(emitted[index])))
+    return results
+
+
+def _call_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointcodec.Headers, groups: _Groups) -> tuple[list[bytes], np.ndarray]:
+    frame, layout = user_frame(data)
+    ctx = Context(
+        options=job.option_values(),
+        group="",
+        tags={},
+        groups=tuple(task.key for task in tasks),
+        group_starts=groups.starts,
+    )
+    result = job.spec.function(frame, ctx)
+    if ctx.state:
+        raise TypeError("a vectorized UDF keeps no ctx.state")
+    # Rows each group had before this micro-batch: their results are dropped.
+    group_of_row = np.repeat(np.arange(len(tasks)), np.diff(groups.starts))
+    seen = groups.starts[:-1] + np.asarray(groups.history_rows, np.int64)
+    encoded = _encode_rows_of(result, headers, layout, data.num_rows, seen[group_of_row])
+    if encoded is None:
+        raise TypeError(
+            "a vectorized UDF must return one row per input row (keep df's index) with float, int or bool "
+            f"field columns, no 'time' or tag columns; got {type(result).__name__} "
+            f"with columns {list(getattr(result, 'columns', []))!r}"
+        )
+    output, rows, ends = encoded
+    # Output rows are in input order, so each group's frames are one stretch of the output.
+    cuts = np.searchsorted(rows, groups.starts)
+    offsets = np.concatenate(([0], ends))[cuts]
+    return [output[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())], np.diff(cuts)
 
 
 def run_task(job: Job, task: Any) -> tuple:
@@ -76,12 +165,16 @@ def run_task(job: Job, task: Any) -> tuple:
 
 
 def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
-    data, headers = pointcodec.decode_with_headers(task.data)
-    history_rows = 0
-    if _present(task.history):
-        kept = cols.ipc_to_table(task.history)
-        history_rows = kept.num_rows
-        data = pa.concat_tables([kept, data], promote_options="default")
+    # The kept history is the group's last points as received: decoded with the new ones.
+    history = task.history if _present(task.history) else b""
+    history_rows = pointcodec.count_points(history)
+    data, headers = pointcodec.decode_with_headers(history + task.data)
+    output, emitted, state = _call_group(job, task, data, headers, 0, history_rows)
+    return output, _keep_history(data.column(cols.TIME).to_numpy(), headers, 0, meta.get("history")), state, emitted
+
+
+def _call_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int) -> tuple[bytes, int, str | None]:
+    """Calls the UDF on one group's rows (row ``first`` on in ``headers``): (output, points, state)."""
     frame, layout = user_frame(data)
     last = data.num_rows - 1
     dims = data.column(cols.DIMENSIONS)[last].as_py()
@@ -95,10 +188,11 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
         history_rows=history_rows,
     )
     result = job.spec.function(frame, ctx)
-    fast = _encode_per_row(result, headers, layout, history_rows, data.num_rows) if job.spec.provides == "stream" else None
-    if fast is not None:
-        output, emitted = fast
-        return output, _keep_history(data, meta.get("history")), _dump_state(ctx.state), emitted
+    if job.spec.provides == "stream":
+        encoded = _encode_rows_of(result, headers, layout, data.num_rows, history_rows, offset=first)
+        if encoded is not None:
+            output, rows, _ = encoded
+            return output, len(rows), _dump_state(ctx.state)
     points = output_points(result, data, layout, ctx, first_row=history_rows)
     if job.spec.provides == "stream":
         output = encode_points(points)
@@ -113,8 +207,7 @@ def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | No
         )
     else:
         output = b""
-    history = _keep_history(data, meta.get("history"))
-    return output, history, _dump_state(ctx.state), len(points)
+    return output, len(points), _dump_state(ctx.state)
 
 
 def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str | None, int]:
@@ -173,18 +266,18 @@ def _dump_state(state: Any) -> str | None:
         raise TypeError(f"ctx.state must hold JSON values only (str, int, float, bool, None, lists, dicts): {exc}") from None
 
 
-def _keep_history(data: pa.Table, window: dict | None) -> bytes | None:
-    if not window or data.num_rows == 0:
+def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, window: dict | None) -> bytes | None:
+    """The group's points to prepend to its next frame, as length-prefixed point bytes.
+
+    ``times`` are the group's rows, row ``first`` on in ``headers``.
+    """
+    if not window or len(times) == 0:
         return None
     if "rows" in window:
-        kept = data.slice(max(0, data.num_rows - window["rows"]))
+        rows = np.arange(max(0, len(times) - window["rows"]), len(times))
     else:
-        import pyarrow.compute as pc
-
-        times = data.column(cols.TIME)
-        newest = pc.max(times).as_py()
-        kept = data.filter(pc.greater_equal(times, newest - window["ns"]))
-    return cols.table_to_ipc(kept)
+        rows = np.flatnonzero(times >= times.max() - window["ns"])
+    return headers.points_bytes(rows + first) if len(rows) else None
 
 
 # ---- internal table <-> the DataFrame a UDF sees ----
@@ -340,13 +433,18 @@ def output_points(
     return points
 
 
-def _encode_per_row(result: Any, headers: pointcodec.Headers | None, layout: Layout, first_row: int, input_rows: int) -> tuple[bytes, int] | None:
+def _encode_rows_of(
+    result: Any, headers: pointcodec.Headers, layout: Layout, input_rows: int, seen: Any, offset: int = 0
+) -> tuple[bytes, np.ndarray, np.ndarray] | None:
     """The compiled encoder's frames for the common result, or None for ``output_points``.
 
-    The common result: one row per input point (index ``input_row``), field columns of
-    float, int or bool dtype, no time or tag columns. The points are the same either way.
+    The common result: one row per input row (index ``input_row``), field columns of
+    float, int or bool dtype, no time or tag columns. Results for rows below ``seen``
+    (a row number, or one per input row) were sent before and are dropped; the rest
+    leave in input order. Returns the frames, the input rows they stand for (plus
+    ``offset``: rows of ``headers``) and where each frame ends.
     """
-    if headers is None or not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns:
+    if not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns:
         return None
     source = _source_rows(result, input_rows)
     if source is None:
@@ -357,11 +455,15 @@ def _encode_per_row(result: Any, headers: pointcodec.Headers | None, layout: Lay
         if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(dtype, np.dtype):
             return None
         fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, result[column].to_numpy()))
-    # Results for history rows are dropped; the rest leave in input order.
-    picked = np.flatnonzero(source >= first_row)
+    floor = seen[source] if isinstance(seen, np.ndarray) else seen
+    picked = np.flatnonzero(source >= floor)
     picked = picked[np.argsort(source[picked], kind="stable")]
-    output = pointcodec.encode_rows(headers, source[picked] - first_row, [(name, values[picked]) for name, values in fields])
-    return None if output is None else (output, len(picked))
+    rows = source[picked]
+    encoded = pointcodec.encode_rows(headers, rows + offset, [(name, values[picked]) for name, values in fields])
+    if encoded is None:
+        return None
+    output, ends = encoded
+    return output, rows, ends
 
 
 def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:

@@ -93,9 +93,6 @@ class Engines:
 
     def _warm_up(self, spec: UDFSpec) -> None:
         try:
-            from udf_agent import pointcodec  # pandas, pyarrow and numba, off the reader's path
-
-            pointcodec.warm_up()
             self.engine_for(spec).start()
         except Exception:
             # The compute thread meets the same failure and reports it to Kapacitor.

@@ -60,21 +60,24 @@ def _count(buf: Any) -> tuple[int, int, int, int]:
 @njit(cache=True, nogil=True)
 def _decode(
     buf: Any,
-    time: Any, strings: Any, by_name: Any, header: Any,
+    time: Any, strings: Any, by_name: Any, header: Any, span: Any,
     dim_point: Any, dim_span: Any,
     entry_point: Any, entry_field: Any, entry_key: Any, entry_value: Any, entry_number: Any, entry_hash: Any,
 ) -> int:
     """Fills the arrays (sized by ``_count``); returns the number of a bad point, or -1.
 
     ``strings`` holds name, database and retention policy spans; ``header`` the span of
-    each point's leading fields (1-7), end -1 when one of them follows a field map.
+    each point's leading fields (1-7), end -1 when one of them follows a field map;
+    ``span`` each point's bytes, its length varint included.
     """
     size = buf.shape[0]
     pos = 0
     point = dim = entry = 0
     while pos < size:
+        span[point, 0] = pos
         length, pos = _varint(buf, pos, size)
         end = pos + length
+        span[point, 1] = end
         time[point] = 0
         by_name[point] = False
         for k in range(6):
@@ -195,13 +198,31 @@ def _strings(buf: np.ndarray, spans: np.ndarray, valid: np.ndarray | None = None
 
 
 class Headers:
-    """Where each decoded point's leading fields (time to tags) lie in its bytes, for ``encode_rows``."""
+    """Where each decoded point lies in its bytes: whole (``points``, length varint
+    included) and its leading fields, time to tags (``spans``, for ``encode_rows``)."""
 
-    def __init__(self, buf: np.ndarray, spans: np.ndarray, by_name: np.ndarray, named: np.ndarray):
+    def __init__(self, buf: np.ndarray, points: np.ndarray, spans: np.ndarray, by_name: np.ndarray, named: np.ndarray):
         self.buf = buf
+        self.points = points
         self.spans = spans
         self.by_name = by_name
         self.named = named  # the point has a name (else the output takes the group's)
+
+    def points_bytes(self, rows: np.ndarray) -> bytes:
+        """The length-prefixed bytes of the points at ``rows``, in that order."""
+        spans = self.points[rows]
+        if len(rows) and (np.diff(rows) == 1).all():
+            return self.buf[spans[0, 0] : spans[-1, 1]].tobytes()
+        data, _ = _gather(self.buf, spans)
+        return data.tobytes()
+
+
+def count_points(data: bytes) -> int:
+    """How many length-prefixed points ``data`` holds; ProtocolError if one does not parse."""
+    points, _, _, bad = _count(np.frombuffer(data, dtype=np.uint8))
+    if bad >= 0:
+        raise ProtocolError(f"point {bad + 1} is not a valid Point")
+    return int(points)
 
 
 def decode_points(data: bytes) -> pa.Table:
@@ -209,17 +230,18 @@ def decode_points(data: bytes) -> pa.Table:
     return decode_with_headers(data)[0]
 
 
-def decode_with_headers(data: bytes) -> tuple[pa.Table, Headers | None]:
-    """The table, and the points' headers (None when the reference decoder had to step in)."""
+def decode_with_headers(data: bytes) -> tuple[pa.Table, Headers]:
+    """The table, and where each point lies in ``data``."""
     buf = np.frombuffer(data, dtype=np.uint8)
     points, dims, entries, bad = _count(buf)
     if bad >= 0:
         raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
     columns = _Columns(buf, points, dims, entries)
-    if not _same_keys(buf, columns.entry_key, columns.representative):
-        return cols.decode_points(data), None  # two keys share a 64-bit hash: the reference sorts them out
     named = columns.strings[:, 1] > columns.strings[:, 0]
-    return columns.table(), Headers(buf, columns.header, columns.by_name, named)
+    headers = Headers(buf, columns.span, columns.header, columns.by_name, named)
+    if not _same_keys(buf, columns.entry_key, columns.representative):
+        return cols.decode_points(data), headers  # two keys share a 64-bit hash: the reference sorts them out
+    return columns.table(), headers
 
 
 # Result columns that encode_rows writes, by pandas dtype kind, and their map field.
@@ -256,8 +278,8 @@ def _entry_size(field: int, key_size: int, number: Any) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any, valid: Any) -> Any:
-    """Response frames: per row, the point's header bytes, its new fields, byName."""
+def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any, valid: Any) -> tuple[Any, Any]:
+    """Response frames: per row, the point's header bytes, its new fields, byName; and where each ends."""
     count = rows.shape[0]
     sizes = np.empty(count, np.int64)
     total = 0
@@ -273,6 +295,7 @@ def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: An
         body = 2 + _varint_size(size) + size
         total += _varint_size(body) + body
     out = np.empty(total, np.uint8)
+    ends = np.empty(count, np.int64)
     pos = 0
     for i in range(count):
         row = rows[i]
@@ -313,10 +336,11 @@ def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: An
                 else:
                     out[pos] = 0x10
                     pos = _put_varint(out, pos + 1, number)
-    return out
+        ends[i] = pos
+    return out, ends
 
 
-def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.ndarray]]) -> bytes | None:
+def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.ndarray]]) -> tuple[bytes, np.ndarray] | None:
     """Stream Response frames: for each entry of ``rows`` (a decoded point), that point
     with ``fields`` (name, one value per row) as its fields.
 
@@ -324,7 +348,7 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
     byte, then the new fields: the point the reference path builds. NaN leaves a
     field out, as there. None when a column's type or a point's layout is not one
     this writes (a nullable or string column, a nameless point): the caller then
-    builds the points one by one.
+    builds the points one by one. With the frames comes where each one ends.
     """
     if len(rows) and ((headers.spans[rows, 1] < 0).any() or not headers.named[rows].all()):
         return None
@@ -344,13 +368,13 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
             valid.append(np.ones(len(array), np.bool_))
     key_offsets = np.zeros(len(keys) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=key_offsets[1:])
-    out = _encode(
+    out, ends = _encode(
         headers.buf, headers.spans, headers.by_name, rows.astype(np.int64),
         np.array(kinds, np.int64), np.frombuffer(b"".join(keys), np.uint8), key_offsets,
         np.column_stack(numbers) if numbers else np.zeros((len(rows), 0), np.int64),
         np.column_stack(valid) if valid else np.zeros((len(rows), 0), np.bool_),
     )
-    return out.tobytes()
+    return out.tobytes(), ends
 
 
 class _Columns:
@@ -363,6 +387,7 @@ class _Columns:
         self.strings = np.empty((points, 6), np.int64)
         self.by_name = np.empty(points, np.bool_)
         self.header = np.empty((points, 2), np.int64)
+        self.span = np.empty((points, 2), np.int64)
         self.dim_point = np.empty(dims, np.int64)
         self.dim_span = np.empty((dims, 2), np.int64)
         self.entry_point = np.empty(entries, np.int64)
@@ -372,7 +397,7 @@ class _Columns:
         self.entry_number = np.empty(entries, np.int64)
         entry_hash = np.empty(entries, np.uint64)
         bad = _decode(
-            buf, self.time, self.strings, self.by_name, self.header, self.dim_point, self.dim_span,
+            buf, self.time, self.strings, self.by_name, self.header, self.span, self.dim_point, self.dim_span,
             self.entry_point, self.entry_field, self.entry_key, self.entry_value, self.entry_number, entry_hash,
         )
         if bad >= 0:

@@ -42,9 +42,14 @@ class Emit:
 
 @dataclass(frozen=True)
 class Started:
-    """Init succeeded: the compute engine may start warming up."""
+    """Init succeeded: the runtime warms up, then sends ``reply`` (the InitResponse).
+
+    Kapacitor sends no point before the InitResponse, so answering once the hot
+    path is loaded costs one wait at task start instead of slow first points.
+    """
 
     options: OptionValues
+    reply: bytes
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,9 @@ class Session:
             return self._init_failed(f"UDF {self.spec.name!r} cannot start with these options: {exc}")
         self.options = options
         log.info("task %s node %s: UDF %s initialised with %s", init.taskID or "?", init.nodeID or "?", self.spec.name, dict(options.raw()))
-        return [*self._reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)), "init"), Started(options)]
+        self.guard.expect("init")
+        reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
+        return [Started(options, reply)] if reply is not None else []
 
     def _init_failed(self, message: str) -> list[Event]:
         log.error("%s", message)

@@ -3,8 +3,10 @@
     b"KUDFSNAP" | version (uint16, big-endian) | sha256(body) | body
 
 The body is an Arrow IPC stream of one table (group, history, state): the
-kept history of each group as Arrow IPC bytes and its UDF state as JSON. The
-UDF's name is in the schema metadata so a snapshot of another UDF is refused.
+kept history of each group as its last points' bytes (length-prefixed Points,
+as Kapacitor sent them) and its UDF state as JSON. The UDF's name is in the
+schema metadata so a snapshot of another UDF is refused. Version 1 held history
+as Arrow IPC and is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import struct
 from udf_agent.table import ipc_to_table, table_to_ipc
 
 MAGIC = b"KUDFSNAP"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct(">8sH32s")
 
 GroupState = tuple  # (history IPC bytes | None, state JSON | None)
@@ -67,4 +69,19 @@ def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
     groups = table.column("group").to_pylist()
     histories = table.column("history").to_pylist()
     states = table.column("state").to_pylist()
+    for group, history in zip(groups, histories):
+        _check_history(group, history)
     return {g: (h, s) for g, h, s in zip(groups, histories, states)}
+
+
+def _check_history(group: str, history: bytes | None) -> None:
+    """Refused now rather than failing the task at the group's next micro-batch."""
+    if history is None:
+        return
+    from udf_agent.codec import ProtocolError
+    from udf_agent.pointcodec import count_points
+
+    try:
+        count_points(history)
+    except ProtocolError as exc:
+        raise SnapshotError(f"snapshot body is unreadable: the history of group {group!r} holds no valid points ({exc})") from None

@@ -123,3 +123,27 @@ def tick_defaults(df, ctx):
 
 # The same counter, computed in the agent's process: snapshot tests across processes without Spark.
 local_counter = dataclasses.replace(counter, name="local_counter", compute=False)
+
+
+vectorized_calls: list[tuple[tuple[str, ...], list[int]]] = []
+
+
+@stream_udf(history=1, vectorized=True, compute=False)
+def group_sizes(df, ctx):
+    """Every row gets the row count of its group in this call (history included); records each call."""
+    import numpy as np
+
+    vectorized_calls.append((ctx.groups, ctx.group_starts.tolist()))
+    sizes = np.diff(ctx.group_starts)
+    return pd.DataFrame({"rows": np.repeat(sizes, sizes)}, index=df.index)
+
+
+@stream_udf(vectorized=True, compute=False)
+def vectorized_new_rows(df, ctx):
+    return pd.DataFrame({"time": df["time"], "x": 1.0})
+
+
+@stream_udf(vectorized=True, compute=False)
+def vectorized_with_state(df, ctx):
+    ctx.state["seen"] = len(df)
+    return pd.DataFrame(index=df.index)
