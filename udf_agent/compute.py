@@ -73,14 +73,15 @@ class _Groups:
 def _run_stream_partition(job: Job, tasks: list[Any]) -> list[tuple]:
     """Every group of a partition decoded at once: history, then new points, group after group."""
     histories = [task.history if _present(task.history) else b"" for task in tasks]
+    parts = [part for history, task in zip(histories, tasks) for part in (history, task.data)]
     try:
-        counts = [(pointcodec.count_points(h), pointcodec.count_points(t.data)) for h, t in zip(histories, tasks)]
-        data, headers = pointcodec.decode_with_headers(b"".join(part for h, t in zip(histories, tasks) for part in (h, t.data)))
+        data, headers = pointcodec.decode_with_headers(b"".join(parts))
+        # Where each group's history and new points begin, as point numbers.
+        bounds = headers.points_at(np.cumsum([0] + [len(part) for part in parts]))
     except ProtocolError:
         return [run_task(job, task) for task in tasks]  # one by one, to name the group at fault
-    starts = np.zeros(len(tasks) + 1, np.int64)
-    np.cumsum([h + n for h, n in counts], out=starts[1:])
-    groups = _Groups(starts, [h for h, _ in counts])
+    starts = bounds[0::2]
+    groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
     window = json.loads(tasks[0].meta).get("history")
     if job.spec.vectorized:
         return _run_vectorized(job, tasks, data, headers, groups, window)
@@ -109,13 +110,23 @@ def _run_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointco
     except Exception:
         error = f"UDF {job.spec.name!r} failed on a partition of {len(tasks)} group(s):\n{traceback.format_exc()}"
         return [(task.seq, task.key, None, None, None, error, 0) for task in tasks]
-    times = data.column(cols.TIME).to_numpy()
-    results = []
-    for index, task in enumerate(tasks):
-        start, end = int(groups.starts[index]), int(groups.starts[index + 1])
-        history = _keep_history(times[start:end], headers, start, window)
-        results.append((task.seq, task.key, outputs[index], history, None, None, int(emitted[index])))
-    return results
+    histories = _keep_histories(data.column(cols.TIME).to_numpy(), headers, groups.starts, window)
+    return [
+        (task.seq, task.key, output, history, None, None, count)
+        for task, output, history, count in zip(tasks, outputs, histories, emitted.tolist())
+    ]
+
+
+def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict | None) -> list[bytes | None]:
+    """``_keep_history`` for every group at once: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
+    count = len(starts) - 1
+    if not window:
+        return [None] * count
+    if "rows" not in window:
+        return [_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+    # The last rows of a group are one stretch of bytes.
+    first = np.maximum(starts[:-1], starts[1:] - window["rows"])
+    return headers.stretches(first, starts[1:])
 
 
 def _call_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointcodec.Headers, groups: _Groups) -> tuple[list[bytes], np.ndarray]:

@@ -201,12 +201,24 @@ class Headers:
     """Where each decoded point lies in its bytes: whole (``points``, length varint
     included) and its leading fields, time to tags (``spans``, for ``encode_rows``)."""
 
-    def __init__(self, buf: np.ndarray, points: np.ndarray, spans: np.ndarray, by_name: np.ndarray, named: np.ndarray):
+    def __init__(self, raw: bytes, buf: np.ndarray, points: np.ndarray, spans: np.ndarray, by_name: np.ndarray, named: np.ndarray):
+        self.raw = raw
         self.buf = buf
         self.points = points
         self.spans = spans
         self.by_name = by_name
         self.named = named  # the point has a name (else the output takes the group's)
+
+    def points_at(self, offsets: np.ndarray) -> np.ndarray:
+        """For byte offsets that fall between points, how many points precede each."""
+        return np.searchsorted(self.points[:, 0], offsets, side="left") if len(self.points) else np.zeros(len(offsets), np.int64)
+
+    def stretches(self, first: np.ndarray, stop: np.ndarray) -> list[bytes | None]:
+        """The bytes of points ``first[i]:stop[i]`` for each i (None where empty)."""
+        raw = self.raw
+        starts = self.points[np.minimum(first, len(self.points) - 1), 0].tolist() if len(self.points) else []
+        ends = self.points[np.maximum(stop - 1, 0), 1].tolist() if len(self.points) else []
+        return [raw[a:b] if f < s else None for a, b, f, s in zip(starts, ends, first.tolist(), stop.tolist())]
 
     def points_bytes(self, rows: np.ndarray) -> bytes:
         """The length-prefixed bytes of the points at ``rows``, in that order."""
@@ -238,7 +250,7 @@ def decode_with_headers(data: bytes) -> tuple[pa.Table, Headers]:
         raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
     columns = _Columns(buf, points, dims, entries)
     named = columns.strings[:, 1] > columns.strings[:, 0]
-    headers = Headers(buf, columns.span, columns.header, columns.by_name, named)
+    headers = Headers(data, buf, columns.span, columns.header, columns.by_name, named)
     if not _same_keys(buf, columns.entry_key, columns.representative):
         return cols.decode_points(data), headers  # two keys share a 64-bit hash: the reference sorts them out
     return columns.table(), headers

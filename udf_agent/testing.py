@@ -73,6 +73,7 @@ class Responses:
         self._cond = threading.Condition()
         self.keepalive_seen: dict[int, float] = {}
         self.error: BaseException | None = None
+        self._by_kind: dict[str, list[Any]] = {}  # each kind's messages, so waits do not rescan
         self._stop = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -91,9 +92,11 @@ class Responses:
                 now = time.monotonic()
                 with self._cond:
                     for message in messages:
-                        if message.WhichOneof("message") == "keepalive":
+                        kind = message.WhichOneof("message")
+                        if kind == "keepalive":
                             self.keepalive_seen.setdefault(message.keepalive.time, now)
                         self.items.append(message)
+                        self._by_kind.setdefault(kind, []).append(getattr(message, kind) if kind else message)
                     self._cond.notify_all()
         except BaseException as exc:  # surfaced by the test through .error
             self.error = exc
@@ -104,15 +107,15 @@ class Responses:
 
     def of(self, kind: str) -> list[Any]:
         with self._cond:
-            return [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+            return list(self._by_kind.get(kind, ()))
 
     def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> list[Any]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                found = [getattr(r, kind) for r in self.items if r.WhichOneof("message") == kind]
+                found = self._by_kind.get(kind, [])
                 if len(found) >= count:
-                    return found
+                    return list(found)
                 if self.closed.is_set():
                     raise AssertionError(f"agent closed its output after {len(found)} {kind} response(s); got {self.kinds()}")
                 remaining = deadline - time.monotonic()
