@@ -24,7 +24,8 @@ import os
 import sys
 import threading
 from collections import deque
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -49,7 +49,7 @@ class LatencyStats:
     max_ms: float | None = None
 
     @classmethod
-    def of(cls, seconds: list[float], unanswered: int = 0) -> "LatencyStats":
+    def of(cls, seconds: list[float], unanswered: int = 0) -> LatencyStats:
         if not seconds:
             return cls(unanswered=unanswered)
         ordered = sorted(seconds)

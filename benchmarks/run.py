@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -50,7 +51,7 @@ class Settings:
     kapacitor_src: str | None = None
 
     @classmethod
-    def quick(cls) -> "Settings":
+    def quick(cls) -> Settings:
         return cls(
             points=20_000,
             many_groups=1_000,
@@ -68,7 +69,7 @@ class Settings:
 @dataclass(frozen=True)
 class Goal:
     text: str
-    check: Callable[["Row"], bool | None]
+    check: Callable[[Row], bool | None]
 
 
 def ratio_at_least(minimum: float) -> Goal:

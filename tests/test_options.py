@@ -508,7 +508,7 @@ def test_attribute_and_item_access():
     assert "size" in opts and "nope" not in opts
     assert opts.get("nope", 7) == 7
     with pytest.raises(AttributeError):
-        opts.nope
+        _ = opts.nope
     with pytest.raises(KeyError):
         opts["nope"]
 

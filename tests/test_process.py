@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from udf_agent.testing import KapacitorDriver, option, reference_stream
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_frame
+from udf_agent.testing import KapacitorDriver, option, reference_stream
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ class Keepalives:
 def assert_keepalives_answered(driver, label, report, limit=1.0):
     # Every request had its answer, each within Kapacitor-safe time.
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(l == float("inf") for l in driver.keepalive_latencies()):
+    while time.monotonic() < deadline and any(latency == float("inf") for latency in driver.keepalive_latencies()):
         time.sleep(0.05)
     latencies = sorted(driver.keepalive_latencies())
     assert latencies, "no keepalives were sent"

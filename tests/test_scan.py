@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameSplitter, PointRun, ProtocolError, encode_frame, encode_varint, point_group, request_point
@@ -113,7 +114,7 @@ def test_a_point_that_does_not_parse_is_never_in_a_run(point):
     good = encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=1)))
     body = b"\x8a\x01" + encode_varint(len(point)) + point
     stream = good + encode_varint(len(body)) + body + good
-    with pytest.raises(Exception):
+    with pytest.raises(DecodeError):
         udf_pb2.Point.FromString(point)
     _, pieces = feed_all([stream])
     assert [type(p).__name__ for p in pieces] == ["PointRun", "bytes", "PointRun"]

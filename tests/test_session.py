@@ -6,18 +6,18 @@ Time is passed in explicitly, so micro-batch deadlines are tested exactly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.builtins import mirror, moving_avg, outliers
 from udf_agent.codec import FrameDecoder, PointRun, encode_frame
-from udf_agent.scan import FastFrameSplitter
 from udf_agent.guard import OutputGuard
+from udf_agent.scan import FastFrameSplitter
 from udf_agent.session import Compute, Emit, Fail, Restore, Send, Session, Started
 from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
-
 from udf_agent.testing import grouped_point, option
 
 # ---- a tiny in-memory Kapacitor ----

@@ -22,7 +22,6 @@ from udf_agent.agent import AgentConfig
 from udf_agent.builtins import mirror, moving_avg
 from udf_agent.codec import encode_varint
 from udf_agent.snapshot import SnapshotError, dump_snapshot, load_snapshot
-
 from udf_agent.testing import InProcessAgent, grouped_point, option
 
 pytestmark = pytest.mark.spark

@@ -22,9 +22,9 @@ import time
 
 import pytest
 
-from udf_agent.testing import SocketDriver, grouped_point, option
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_frame
+from udf_agent.testing import SocketDriver, grouped_point, option
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ class Server:
             out = f.read().decode(errors="replace")
         return f"--- stderr ---\n{err}\n--- stdout ---\n{out}"
 
-    def wait_ready(self, timeout: float = 30) -> "Server":
+    def wait_ready(self, timeout: float = 30) -> Server:
         deadline = time.monotonic() + timeout
         while True:
             code = self.process.poll()
@@ -273,7 +273,7 @@ class RawClient:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 self.eof = True

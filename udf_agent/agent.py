@@ -14,13 +14,14 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.engine import Engines
 from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
+from udf_agent.engine import Engines
 from udf_agent.guard import error_frame, keepalive_frame
 from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 
@@ -548,9 +549,7 @@ class Agent:
     def _compute(self, item: Compute) -> None:
         import pandas as pd
 
-        from udf_agent.compute import TASK_COLUMNS
-
-        from udf_agent.compute import Job
+        from udf_agent.compute import TASK_COLUMNS, Job
 
         if self._job is None:
             self._job = Job(self.spec, self._options.raw())

@@ -8,8 +8,9 @@ protocol, grouping, history, state, snapshots and Spark.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from udf_agent.options import Option, OptionValues
 

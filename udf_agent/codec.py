@@ -9,7 +9,7 @@ single bytes object that is written in one write.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -70,7 +70,7 @@ class PointRun:
     groups: Any = None
 
 
-Piece = Union[bytes, PointRun]
+Piece = bytes | PointRun
 
 
 class FrameSplitter:

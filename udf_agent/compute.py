@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from udf_agent import pointcodec
+from udf_agent import pointcodec, udf_pb2
 from udf_agent import table as cols
-from udf_agent import udf_pb2
 from udf_agent.api import Context, UDFSpec
 from udf_agent.codec import ProtocolError
 from udf_agent.guard import encode_batch, encode_points
@@ -519,7 +519,7 @@ def _field_kind(column: Any, values: pd.Series) -> str:
         return "int"
     if pd.api.types.is_float_dtype(dtype):
         return "double"
-    if pd.api.types.is_string_dtype(dtype) or dtype == object:
+    if pd.api.types.is_string_dtype(dtype) or pd.api.types.is_object_dtype(dtype):
         return "value"
     raise TypeError(
         f"result column {column!r} has dtype {dtype}; fields must be float, int, bool or str"

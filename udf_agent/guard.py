@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 from udf_agent import udf_pb2
 from udf_agent.codec import POINT_KEY, encode_frame, encode_varint

@@ -8,8 +8,9 @@ imports pandas: it runs on the Init path, where the reader must stay quick.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from udf_agent import udf_pb2
 

@@ -207,7 +207,7 @@ class FastFrameSplitter(FrameSplitter):
     """
 
     @classmethod
-    def continuing(cls, splitter: FrameSplitter) -> "FastFrameSplitter":
+    def continuing(cls, splitter: FrameSplitter) -> FastFrameSplitter:
         """Takes over from ``splitter`` mid-stream: its buffered bytes and frame count."""
         fast = cls(splitter.max_frame_size)
         fast._buffer = splitter._buffer

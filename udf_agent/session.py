@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Union
+
+from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from google.protobuf.message import DecodeError
-
 from udf_agent.codec import PointRun, ProtocolError, point_frame, point_group
 from udf_agent.guard import OutputGuard, keepalive_frame
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
@@ -56,7 +55,7 @@ class Started:
 class Compute:
     """A closed micro-batch, to be computed in arrival order."""
 
-    batch: Union[StreamMicroBatch, BatchMicroBatch]
+    batch: StreamMicroBatch | BatchMicroBatch
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class Fail:
     message: str
 
 
-Event = Union[Send, Emit, Started, Compute, TakeSnapshot, Restore, Fail]
+Event = Send | Emit | Started | Compute | TakeSnapshot | Restore | Fail
 
 
 class Session:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from udf_agent import udf_pb2
 from google.protobuf.message import DecodeError
 
+from udf_agent import udf_pb2
 from udf_agent.codec import FrameSplitter, ProtocolError, encode_varint
 
 TIME = "__time"

@@ -195,7 +195,7 @@ class KapacitorDriver(_Driver):
         self._start([*AGENT, *args], env, cwd)
 
     @classmethod
-    def command(cls, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> "KapacitorDriver":
+    def command(cls, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> KapacitorDriver:
         """Starts the agent with an explicit command line (say the ``udf-agent`` console script)."""
         driver = cls.__new__(cls)
         driver._start(argv, env, cwd)
@@ -260,7 +260,7 @@ class SocketDriver(_Driver):
         self.responses = Responses(sock)
 
     @classmethod
-    def connect(cls, path: str, timeout: float = 10) -> "SocketDriver":
+    def connect(cls, path: str, timeout: float = 10) -> SocketDriver:
         deadline = time.monotonic() + timeout
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -15,7 +15,7 @@ import stat
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from udf_agent.agent import Agent, Deadline, WriteTimeout
 
@@ -217,7 +217,7 @@ class UnixSocketServer:
             while not self._stopping.is_set():
                 try:
                     conn, _ = self._listener.accept()
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError as exc:
                     if self._stopping.is_set():
