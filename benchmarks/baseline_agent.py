@@ -30,6 +30,7 @@ from typing import BinaryIO
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from udf_agent import udf_pb2  # noqa: E402  (the wire schema only)
+from udf_agent.codec import encode_varint  # noqa: E402
 
 log = logging.getLogger("baseline_agent")
 
@@ -55,15 +56,6 @@ def read_uvarint32(stream: BinaryIO) -> int:
             raise ValueError("varint longer than a 32-bit length")
 
 
-def encode_uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 class Agent:
     """Reads requests on one thread and hands points to ``handler``; writes are serialised by a lock."""
 
@@ -76,7 +68,7 @@ class Agent:
     def write_response(self, response: udf_pb2.Response) -> None:
         data = response.SerializeToString()
         with self._write_lock:
-            self._out.write(encode_uvarint(len(data)))
+            self._out.write(encode_varint(len(data)))
             self._out.write(data)
             self._out.flush()
 

@@ -365,6 +365,16 @@ def _keepalive_stats(sent: dict[int, float], tally: OutputTally) -> LatencyStats
     return LatencyStats.of(answered, unanswered=len(sent) - len(answered))
 
 
+def _record_failure(agent: AgentProcess, result: RunResult, failure: BaseException) -> None:
+    """What ended a run early, in its result."""
+    if not isinstance(failure, _Failure):
+        # The agent is gone: say why, once its output (an ErrorResponse, its exit) has been read.
+        agent.eof.wait(2)
+        failure = agent.failure("agent stopped reading")
+    result.status, result.error = failure.status, str(failure)
+    result.points_out = agent.tally.points
+
+
 def run_flat_out(command: AgentCommand, init: bytes, workload: Workload, time_limit: float) -> RunResult:
     """Feeds the whole workload as fast as the agent takes it; see the module docstring."""
     result = RunResult(agent=command.label, workload=workload.label)
@@ -409,15 +419,8 @@ def run_flat_out(command: AgentCommand, init: bytes, workload: Workload, time_li
                 raise agent.failure(f"{agent.tally.points:,} of {workload.points:,} output points")
             keepalive_if_due()
         _finish(agent, result, workload.points, started)
-    except _Failure as failure:
-        result.status, result.error = failure.status, str(failure)
-        result.points_out = agent.tally.points
-    except (BrokenPipeError, ConnectionResetError):
-        # The agent is gone: say why, once its output (an ErrorResponse, its exit) has been read.
-        agent.eof.wait(2)
-        lost = agent.failure("agent stopped reading")
-        result.status, result.error = lost.status, str(lost)
-        result.points_out = agent.tally.points
+    except (_Failure, BrokenPipeError, ConnectionResetError) as failure:
+        _record_failure(agent, result, failure)
     finally:
         agent.kill()
         if init_sent is not None:
@@ -482,15 +485,8 @@ def run_paced(
         settle = min(deadline, time.monotonic() + 30)
         agent.wait_for(lambda: agent.tally.points >= total, settle)
         _finish(agent, result, total, started)
-    except _Failure as failure:
-        result.status, result.error = failure.status, str(failure)
-        result.points_out = agent.tally.points
-    except (BrokenPipeError, ConnectionResetError):
-        # The agent is gone: say why, once its output (an ErrorResponse, its exit) has been read.
-        agent.eof.wait(2)
-        lost = agent.failure("agent stopped reading")
-        result.status, result.error = lost.status, str(lost)
-        result.points_out = agent.tally.points
+    except (_Failure, BrokenPipeError, ConnectionResetError) as failure:
+        _record_failure(agent, result, failure)
     finally:
         agent.kill()
         seen = agent.tally.point_times

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Imported (numba and all) with this module, never on the clock.
+from udf_agent.codec import encode_varint  # noqa: F401  (re-exported for the benchmark modules)
 from udf_agent.scan import OK, POINT, scan, warm_up
 
 warm_up()
@@ -24,15 +25,6 @@ INIT_KEY = 0x12  # Response.init = 2
 ERROR_KEY = 0x32  # Response.error = 6
 
 CHUNK_SIZE = 4 * 1024 * 1024
-
-
-def encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def read_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
@@ -80,21 +72,8 @@ def count_frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> int:
             if not chunk:
                 break
             data = rest + chunk if rest else chunk
-            pos = 0
-            size = len(data)
-            while pos < size:
-                length = data[pos]
-                start = pos + 1
-                if length >= 0x80:
-                    try:
-                        length, start = read_varint(data, pos)
-                    except IndexError:
-                        break
-                end = start + length
-                if end > size:
-                    break
-                frames += 1
-                pos = end
+            spans, pos = split_frames(data)
+            frames += len(spans)
             rest = data[pos:]
     finally:
         os.close(fd)
@@ -181,32 +160,18 @@ class OutputTally:
 
     def _walk(self, buffer: bytearray, now: float) -> tuple[int, int]:
         """Frame by frame in Python, reading each point's time (paced runs: few frames)."""
-        size = len(buffer)
-        pos = 0
+        spans, pos = split_frames(buffer)
         points = 0
-        while pos < size:
-            length = buffer[pos]
-            start = pos + 1
-            if length >= 0x80:
-                try:
-                    length, start = read_varint(buffer, pos)
-                except IndexError:
-                    break
-            end = start + length
-            if end > size:
-                break
-            if length == 0:
+        for start, end in spans:
+            if start == end:
                 self.errors.append("empty Response frame (crashes kapacitord)")
+            elif buffer[start] == 0x8A and buffer[start + 1] == 0x01:
+                points += 1
+                stamp = point_time(memoryview(buffer)[start:end])
+                if stamp is not None:
+                    self.point_times.setdefault(stamp, now)
             else:
-                key = buffer[start]
-                if key == 0x8A and buffer[start + 1] == 0x01:
-                    points += 1
-                    stamp = point_time(memoryview(buffer)[start:end])
-                    if stamp is not None:
-                        self.point_times.setdefault(stamp, now)
-                else:
-                    self._other(bytes(buffer[start:end]), now)
-            pos = end
+                self._other(bytes(buffer[start:end]), now)
         return points, pos
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from benchmarks.framing import CHUNK_SIZE, count_frames_in_file, encode_varint, read_varint
+from benchmarks.framing import CHUNK_SIZE, count_frames_in_file, encode_varint, split_frames
 from benchmarks.workload import Workload
 
 # Varint prefixes of every length a point frame can have, looked up instead of encoded.
@@ -44,26 +44,14 @@ def parse_pps(workload: Workload) -> float:
             if not chunk:
                 break
             data = rest + chunk if rest else chunk
-            size = len(data)
-            pos = 0
+            spans, pos = split_frames(data)
             out: list[bytes] = []
-            while pos < size:
-                length = data[pos]
-                start = pos + 1
-                if length >= 0x80:
-                    try:
-                        length, start = read_varint(data, pos)
-                    except IndexError:
-                        break
-                end = start + length
-                if end > size:
-                    break
+            for start, end in spans:
                 # A fresh message per frame: a reused one keeps growing under upb.
                 body = response(point=request_from(data[start:end]).point).SerializeToString()
                 out.append(prefixes[len(body)] if len(body) < 1 << 14 else encode_varint(len(body)))
                 out.append(body)
                 points += 1
-                pos = end
             b"".join(out)  # what a writer would hand to one write()
             rest = data[pos:]
     finally:

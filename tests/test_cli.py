@@ -115,7 +115,15 @@ def test_kapacitor_conf_prints_defaults_as_tickscript_literals(runner, monkeypat
 
 
 @pytest.mark.parametrize("command", ["run", "serve"])
-def test_help_documents_the_drain_timeout(runner, command):
+def test_help_documents_the_stop_and_hot_path_options(runner, command):
     result = runner.invoke(main, [command, "--help"])
     assert result.exit_code == 0
-    assert "--drain-timeout" in result.output and "[default: 5s]" in result.output
+    text = " ".join(result.output.split())
+    assert "--drain-timeout" in text and "[default: 5s]" in text
+    assert "--adaptive-flush / --no-adaptive-flush" in text
+    assert "--local-max-points" in text and "5000 with a local master, else 0" in text
+
+
+def test_a_negative_local_budget_is_a_usage_error(runner):
+    result = runner.invoke(main, ["run", "mirror", "--local-max-points", "-1"])
+    assert result.exit_code == 2 and "--local-max-points" in result.output
