@@ -580,12 +580,23 @@ class Agent:
         if self._abandoned:
             return
         emitted = 0
+        # Groups' outputs go to the writer a stretch at a time: one hand-off per group
+        # costs more than the group with many small groups, and keepalive replies can
+        # still get ahead between stretches.
+        stretch: list[bytes] = []
+        stretch_size = 0
         for result in results.itertuples(index=False):
             if isinstance(result.error, str):
+                if stretch:
+                    self.writer.send(b"".join(stretch))
                 log.error("%s", result.error)
                 raise UDFError(_error_summary(result.error))
             if result.output:
-                self.writer.send(result.output)
+                stretch.append(result.output)
+                stretch_size += len(result.output)
+                if stretch_size >= WRITE_CHUNK // 2:
+                    self.writer.send(b"".join(stretch))
+                    stretch, stretch_size = [], 0
             history = result.history if isinstance(result.history, bytes) else None
             state = result.state if isinstance(result.state, str) else None
             if history is None and state is None:
@@ -593,6 +604,8 @@ class Agent:
             else:
                 self._groups[result.key] = (history, state)
             emitted += int(result.emitted)
+        if stretch:
+            self.writer.send(b"".join(stretch))
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
             batch.count, len(rows), emitted, time.monotonic() - started, engine.name,
