@@ -20,7 +20,7 @@ from numba import njit
 
 from udf_agent import table as cols
 from udf_agent.codec import ProtocolError
-from udf_agent.scan import _skip_field, _varint
+from udf_agent.scan import _gather, _skip_field, _varint
 
 # Map fields of a Point and the column prefix of each.
 _TAGS, _DOUBLES, _INTS, _STRINGS, _BOOLS = 7, 8, 9, 10, 12
@@ -169,20 +169,6 @@ def _same_keys(buf: Any, entry_key: Any, representative: Any) -> bool:
             if buf[start + b] != buf[other_start + b]:
                 return False
     return True
-
-
-@njit(cache=True, nogil=True)
-def _gather(buf: Any, spans: Any) -> tuple[Any, Any]:
-    """The bytes of each span, concatenated, and Arrow's int32 offsets for them."""
-    count = spans.shape[0]
-    offsets = np.empty(count + 1, np.int32)
-    offsets[0] = 0
-    for i in range(count):
-        offsets[i + 1] = offsets[i] + (spans[i, 1] - spans[i, 0])
-    data = np.empty(offsets[count], np.uint8)
-    for i in range(count):
-        data[offsets[i] : offsets[i + 1]] = buf[spans[i, 0] : spans[i, 1]]
-    return data, offsets
 
 
 def _strings(buf: np.ndarray, spans: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:

@@ -164,6 +164,69 @@ def _scan(
     return count, pos, OK
 
 
+@njit(cache=True, nogil=True)
+def _gather(buf: Any, spans: Any) -> tuple[Any, Any]:
+    """The bytes of each span, concatenated, and Arrow's int32 offsets for them."""
+    count = spans.shape[0]
+    offsets = np.empty(count + 1, np.int32)
+    offsets[0] = 0
+    for i in range(count):
+        offsets[i + 1] = offsets[i] + (spans[i, 1] - spans[i, 0])
+    data = np.empty(offsets[count], np.uint8)
+    for i in range(count):
+        data[offsets[i] : offsets[i + 1]] = buf[spans[i, 0] : spans[i, 1]]
+    return data, offsets
+
+
+@njit(cache=True, nogil=True)
+def _group_hashes(buf: Any, groups: Any) -> Any:
+    """FNV-1a of each point's group bytes ((-1, -1): no group, hashed as empty)."""
+    hashes = np.empty(groups.shape[0], np.uint64)
+    for i in range(groups.shape[0]):
+        digest = np.uint64(14695981039346656037)
+        for b in range(max(groups[i, 0], 0), max(groups[i, 1], 0)):
+            digest = (digest ^ np.uint64(buf[b])) * np.uint64(1099511628211)
+        hashes[i] = digest
+    return hashes
+
+
+@njit(cache=True, nogil=True)
+def _same_groups(buf: Any, groups: Any, representative: Any) -> bool:
+    """Whether each point's group bytes equal those of its representative point."""
+    for i in range(groups.shape[0]):
+        start, end = max(groups[i, 0], 0), max(groups[i, 1], 0)
+        other = representative[i]
+        other_start, other_end = max(groups[other, 0], 0), max(groups[other, 1], 0)
+        if end - start != other_end - other_start:
+            return False
+        for b in range(end - start):
+            if buf[start + b] != buf[other_start + b]:
+                return False
+    return True
+
+
+def group_run(frames: bytes, points: np.ndarray, groups: np.ndarray) -> list[tuple[bytes, bytes, int]] | None:
+    """Points of a ``PointRun`` (``points`` and ``groups``: offsets into ``frames``) by group,
+    in order of first arrival: (group bytes, the group's points with their length varints in
+    arrival order, how many); None if two groups share a hash."""
+    buf = np.frombuffer(frames, dtype=np.uint8)
+    hashes = _group_hashes(buf, groups)
+    _, first, column = np.unique(hashes, return_index=True, return_inverse=True)
+    if not _same_groups(buf, groups, first[column]):
+        return None
+    order = np.argsort(column, kind="stable")
+    data, offsets = _gather(buf, points[order])
+    counts = np.bincount(column, minlength=len(first))
+    bounds = offsets[np.concatenate(([0], np.cumsum(counts)))]
+    raw = data.tobytes()
+    grouped = []
+    for index in np.argsort(first, kind="stable").tolist():
+        start, end = groups[first[index]]
+        key = frames[start:end] if start >= 0 else b""
+        grouped.append((key, raw[bounds[index] : bounds[index + 1]], int(counts[index])))
+    return grouped
+
+
 @dataclass
 class Frames:
     """The whole frames at the start of a buffer, column by column."""

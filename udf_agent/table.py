@@ -50,10 +50,10 @@ class GroupRows:
         self._chunks.append(point)
         self.count += 1
 
-    def append_prefixed(self, point: bytes) -> None:
-        """A point that already carries its length varint (as inside a Request frame)."""
+    def append_prefixed(self, point: bytes, count: int = 1) -> None:
+        """Points that already carry their length varints (as inside Request frames)."""
         self._chunks.append(point)
-        self.count += 1
+        self.count += count
 
     def encoded(self) -> bytes:
         return b"".join(self._chunks)
