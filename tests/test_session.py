@@ -626,9 +626,11 @@ def test_mirror_points_one_by_one_are_sent_back_as_the_same_frames():
     assert drive(s, [request]) == [Emit(encode_frame(request))]
 
 
-@pytest.mark.parametrize("max_batch_points", [1, 3, 1000])
-def test_a_point_run_is_grouped_as_the_same_points_one_by_one(max_batch_points):
-    requests = [point(t, "abc"[t % 3], float(t)) for t in range(10)]
+@pytest.mark.parametrize("points", [10, 60], ids=["a-group-a-point-or-so", "many-points-a-group"])
+@pytest.mark.parametrize("max_batch_points", [1, 7, 1000])
+def test_a_point_run_is_grouped_as_the_same_points_one_by_one(max_batch_points, points):
+    # 60 points over 3 groups are grouped run by run (scan.group_run); 10 are taken one by one.
+    requests = [point(t, "abc"[t % 3], float(t)) for t in range(points)]
     one_by_one = session(moving_avg, max_batch_points=max_batch_points)
     drive(one_by_one, [init(*MOVING_AVG_OPTIONS)])
     expected = [e for r in requests for e in one_by_one.receive(r, 0.0)] + one_by_one.finish()
@@ -653,3 +655,17 @@ def test_a_point_run_inside_a_batch_joins_the_batch():
 def test_passthrough_is_refused_where_it_cannot_hold():
     with pytest.raises(ValueError, match="passthrough"):
         dataclasses.replace(mirror, name="batchy", wants="batch", provides="batch")
+
+
+def test_group_run_groups_in_first_arrival_order_and_declines_when_it_would_not_pay():
+    from udf_agent.scan import group_run
+
+    requests = [point(t, "bca"[t % 3], float(t)) for t in range(60)]
+    run = _run(*requests)
+    grouped = group_run(run.frames, run.points, run.groups)
+    assert [(key, count) for key, _, count in grouped] == [(b"group=b", 20), (b"group=c", 20), (b"group=a", 20)]
+    # Each group's points, in arrival order, with their length varints.
+    frames = [encode_frame(r) for r in requests]
+    assert grouped[0][1] == b"".join(f[3:] for f in frames[0::3])
+    few = _run(*(point(t, f"g{t}", 1.0) for t in range(8)))
+    assert group_run(few.frames, few.points, few.groups) is None

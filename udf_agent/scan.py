@@ -208,11 +208,12 @@ def _same_groups(buf: Any, groups: Any, representative: Any) -> bool:
 def group_run(frames: bytes, points: np.ndarray, groups: np.ndarray) -> list[tuple[bytes, bytes, int]] | None:
     """Points of a ``PointRun`` (``points`` and ``groups``: offsets into ``frames``) by group,
     in order of first arrival: (group bytes, the group's points with their length varints in
-    arrival order, how many); None if two groups share a hash."""
+    arrival order, how many). None when grouping would not pay (nearly a group per point)
+    or two groups share a hash: the caller then takes the points one by one."""
     buf = np.frombuffer(frames, dtype=np.uint8)
     hashes = _group_hashes(buf, groups)
     _, first, column = np.unique(hashes, return_index=True, return_inverse=True)
-    if not _same_groups(buf, groups, first[column]):
+    if len(first) * 4 > len(hashes) or not _same_groups(buf, groups, first[column]):
         return None
     order = np.argsort(column, kind="stable")
     data, offsets = _gather(buf, points[order])
