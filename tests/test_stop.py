@@ -66,6 +66,8 @@ def test_eof_with_a_slow_backlog_computes_what_the_drain_timeout_allows(drivers,
     assert driver.init(udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=0.3)])).success
     send_points(driver, 200, groups=1)
     wait_accepted(driver)
+    # Compute is warm and under way: what the drain adds is what this test is about.
+    driver.responses.wait_for("point", 1, timeout=60)
     started = time.monotonic()
     code = driver.close(timeout=30)
     elapsed = time.monotonic() - started

@@ -278,7 +278,7 @@ class FastFrameSplitter(FrameSplitter):
         fast.frames = splitter.frames
         return fast
 
-    def feed(self, data: bytes, point_runs: bool = True) -> list[Piece]:
+    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  (pieces, not only bodies)
         if data:
             self._buffer += data
         pieces: list[Piece] = []
