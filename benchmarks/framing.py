@@ -8,6 +8,7 @@ stays small next to the agent it measures.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,25 +62,26 @@ def split_frames(data: bytes | bytearray, pos: int = 0) -> tuple[list[tuple[int,
     return spans, pos
 
 
-def count_frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> int:
-    """Frames in a file, split with a tight varint loop over ``chunk_size`` reads (the framing limit)."""
-    frames = 0
+def frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> Iterator[tuple[bytes, list[tuple[int, int]]]]:
+    """Each ``chunk_size`` read of a file of frames, as (bytes, spans of the frame bodies whole in it);
+    a frame cut by a read is carried into the next."""
     rest = b""
     fd = os.open(path, os.O_RDONLY)
     try:
-        while True:
-            chunk = os.read(fd, chunk_size)
-            if not chunk:
-                break
+        while chunk := os.read(fd, chunk_size):
             data = rest + chunk if rest else chunk
             spans, pos = split_frames(data)
-            frames += len(spans)
+            yield data, spans
             rest = data[pos:]
     finally:
         os.close(fd)
     if rest:
         raise ValueError(f"{len(rest)} bytes after the last whole frame of {path}")
-    return frames
+
+
+def count_frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> int:
+    """Frames in a file, split with a tight varint loop over ``chunk_size`` reads (the framing limit)."""
+    return sum(len(spans) for _, spans in frames_in_file(path, chunk_size))
 
 
 def point_time(body: bytes | bytearray | memoryview) -> int | None:

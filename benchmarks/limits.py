@@ -7,10 +7,9 @@ re-serialises its point into a Response frame, the least a per-point agent does.
 
 from __future__ import annotations
 
-import os
 import time
 
-from benchmarks.framing import CHUNK_SIZE, count_frames_in_file, encode_varint, split_frames
+from benchmarks.framing import count_frames_in_file, encode_varint, frames_in_file
 from benchmarks.workload import Workload
 
 # Varint prefixes of every length a point frame can have, looked up instead of encoded.
@@ -35,27 +34,16 @@ def parse_pps(workload: Workload) -> float:
     response = udf_pb2.Response
     prefixes = _PREFIXES
     points = 0
-    rest = b""
     started = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while True:
-            chunk = os.read(fd, CHUNK_SIZE)
-            if not chunk:
-                break
-            data = rest + chunk if rest else chunk
-            spans, pos = split_frames(data)
-            out: list[bytes] = []
-            for start, end in spans:
-                # A fresh message per frame: a reused one keeps growing under upb.
-                body = response(point=request_from(data[start:end]).point).SerializeToString()
-                out.append(prefixes[len(body)] if len(body) < 1 << 14 else encode_varint(len(body)))
-                out.append(body)
-                points += 1
-            b"".join(out)  # what a writer would hand to one write()
-            rest = data[pos:]
-    finally:
-        os.close(fd)
+    for data, spans in frames_in_file(path):
+        out: list[bytes] = []
+        for start, end in spans:
+            # A fresh message per frame: a reused one keeps growing under upb.
+            body = response(point=request_from(data[start:end]).point).SerializeToString()
+            out.append(prefixes[len(body)] if len(body) < 1 << 14 else encode_varint(len(body)))
+            out.append(body)
+            points += 1
+        b"".join(out)  # what a writer would hand to one write()
     elapsed = time.perf_counter() - started
     if points != workload.points:
         raise AssertionError(f"parsed {points:,} points from {workload.points:,}")
