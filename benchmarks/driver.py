@@ -87,6 +87,7 @@ class RunResult:
     error: str | None = None
     init_answer_ms: float | None = None
     first_output_s: float | None = None  # Init written -> first output point
+    engine_ready_s: float | None = None  # Init written -> the agent logged its engine ready (warm runs)
     steady_pps: float | None = None  # first output point -> last
     total_pps: float | None = None  # Init written -> last output point
     wall_s: float | None = None
@@ -179,6 +180,8 @@ class AgentProcess:
         self.progress = threading.Condition()
         self.eof = threading.Event()
         self.stderr_tail: deque[str] = deque(maxlen=40)
+        self.stderr_lines = threading.Condition()
+        self._stderr_seen: list[str] = []
         self.memory = MemoryPeaks()
         self._stop_sampling = threading.Event()
         self.process = subprocess.Popen(
@@ -232,7 +235,24 @@ class AgentProcess:
 
     def _drain_stderr(self) -> None:
         for line in self._stderr:
-            self.stderr_tail.append(line.decode(errors="replace").rstrip()[:500])
+            text = line.decode(errors="replace").rstrip()[:500]
+            self.stderr_tail.append(text)
+            with self.stderr_lines:
+                self._stderr_seen.append(text)
+                self.stderr_lines.notify_all()
+
+    def wait_for_log(self, text: str, deadline: float) -> bool:
+        """Waits until the agent logs a line containing ``text`` (False: it ended or the deadline passed)."""
+        checked = 0
+        with self.stderr_lines:
+            while True:
+                if any(text in line for line in self._stderr_seen[checked:]):
+                    return True
+                checked = len(self._stderr_seen)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.process.poll() is not None:
+                    return False
+                self.stderr_lines.wait(min(remaining, 0.1))
 
     def _sample_memory(self) -> None:
         pid = self.process.pid
@@ -375,8 +395,13 @@ def _record_failure(agent: AgentProcess, result: RunResult, failure: BaseExcepti
     result.points_out = agent.tally.points
 
 
-def run_flat_out(command: AgentCommand, init: bytes, workload: Workload, time_limit: float) -> RunResult:
-    """Feeds the whole workload as fast as the agent takes it; see the module docstring."""
+def run_flat_out(command: AgentCommand, init: bytes, workload: Workload, time_limit: float, warm_log: str | None = None) -> RunResult:
+    """Feeds the whole workload as fast as the agent takes it; see the module docstring.
+
+    With ``warm_log``, the first point is sent only once the agent has logged a line
+    containing it (its compute engine is up): the figures are then those of a warm
+    engine, and ``engine_ready_s`` says how long it took from Init.
+    """
     result = RunResult(agent=command.label, workload=workload.label)
     path = workload.path()  # generated (or found in the cache) before the clock starts
     frames_per_write = max(1, WRITE_BYTES // workload.frame_length)
@@ -388,6 +413,10 @@ def run_flat_out(command: AgentCommand, init: bytes, workload: Workload, time_li
     try:
         init_sent, init_answer = agent.init(init, deadline)
         result.init_answer_ms = init_answer * 1000
+        if warm_log is not None:
+            if not agent.wait_for_log(warm_log, deadline):
+                raise agent.failure(f"no log line {warm_log!r}")
+            result.engine_ready_s = time.monotonic() - init_sent
         next_keepalive = time.monotonic() + KEEPALIVE_INTERVAL
 
         def keepalive_if_due() -> None:

@@ -16,13 +16,22 @@ def spark_engine():
     # Starting Spark sets PYTHONPATH and friends for its workers; agents the tests start
     # later as processes must see the environment a user has, not ours.
     environment = dict(os.environ)
-    engine = SparkEngine(SparkSettings(master="local[2]"))
+    # Two resident workers, and a third slot left for tests of a job per micro-batch.
+    engine = SparkEngine(SparkSettings(master="local[3]", resident_slots=2))
     engine.start()
     engine.wait_ready()
     os.environ.clear()
     os.environ.update(environment)
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_jobs_engine(spark_engine):
+    """The same SparkSession, one Spark job per micro-batch (``--spark-dispatch jobs``)."""
+    from spark_backend import SparkEngine, SparkSettings
+
+    return SparkEngine(SparkSettings(master="local[3]", dispatch="jobs"), session=spark_engine.session)
 
 
 @pytest.fixture(scope="session")

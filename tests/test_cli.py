@@ -121,7 +121,23 @@ def test_help_documents_the_stop_and_hot_path_options(runner, command):
     text = " ".join(result.output.split())
     assert "--drain-timeout" in text and "[default: 5s]" in text
     assert "--adaptive-flush / --no-adaptive-flush" in text
-    assert "--local-max-points" in text and "5000 with a local master, else 0" in text
+    assert "--local-max-points" in text
+    assert "--local-while-starting / --no-local-while-starting" in text and "on with a local master, else off" in text
+    assert "--spark-dispatch [resident|jobs]" in text and "[default: resident]" in text
+    assert "--batch-timeout" in text and "[default: 60s]" in text
+
+
+def test_engine_options_reach_the_spark_engine():
+    from udf_agent.cli import _engines
+
+    engines = _engines("local[2]", (("spark.x", "1"),), spark_dispatch="jobs", batch_timeout=2.5)
+    settings = engines._spark_factory().settings
+    assert (settings.dispatch, settings.batch_timeout, settings.conf) == ("jobs", 2.5, {"spark.x": "1"})
+
+
+def test_an_unknown_dispatch_is_a_usage_error(runner):
+    result = runner.invoke(main, ["run", "mirror", "--spark-dispatch", "barrier"])
+    assert result.exit_code == 2 and "--spark-dispatch" in result.output
 
 
 def test_a_negative_local_budget_is_a_usage_error(runner):

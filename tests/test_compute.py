@@ -65,7 +65,13 @@ def rich_points(count=60):
     return points
 
 
-def test_spark_and_pandas_give_identical_results(spark_engine):
+@pytest.fixture(params=["resident", "jobs"])
+def any_spark_engine(request, spark_engine, spark_jobs_engine):
+    return spark_engine if request.param == "resident" else spark_jobs_engine
+
+
+def test_spark_and_pandas_give_identical_results(any_spark_engine):
+    spark_engine = any_spark_engine
     points = rich_points()
     for spec, options, window in (
         (sample.passthrough, {}, None),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from udf_agent.builtins import BUILTINS
-from udf_agent.cli import DEFAULT_LOCAL_MAX_POINTS, _engines
+from udf_agent.cli import _engines
 from udf_agent.engine import Engines, LocalEngine
 
 
@@ -35,15 +35,20 @@ MOVING_AVG = BUILTINS["moving_avg"]
 
 def test_small_micro_batches_run_in_the_agent_and_big_ones_where_spark_is():
     spark = StartingEngine(ready=True)
-    engines = Engines(lambda: spark, local_max_points=100)
+    engines = Engines(lambda: spark, local_max_points=100, local_while_starting=True)
     assert isinstance(engines.engine_for(MOVING_AVG, 100), LocalEngine)
     assert engines.engine_for(MOVING_AVG, 101) is spark
     assert engines.engine_for(MOVING_AVG) is spark
 
 
 def test_while_spark_starts_every_micro_batch_runs_in_the_agent():
-    engines = Engines(lambda: StartingEngine(ready=False), local_max_points=100)
+    engines = Engines(lambda: StartingEngine(ready=False), local_while_starting=True)
     assert isinstance(engines.engine_for(MOVING_AVG, 50_000), LocalEngine)
+
+
+def test_once_spark_is_up_every_micro_batch_runs_there_by_default():
+    engines = Engines(lambda: StartingEngine(ready=True), local_while_starting=True)
+    assert isinstance(engines.engine_for(MOVING_AVG, 1), StartingEngine)
 
 
 def test_without_a_local_budget_everything_waits_for_spark():
@@ -57,8 +62,9 @@ def test_udfs_that_compute_nothing_never_reach_spark():
     assert isinstance(engines.engine_for(dataclasses.replace(MOVING_AVG, compute=False), 10**6), LocalEngine)
 
 
-def test_the_local_budget_defaults_on_for_embedded_spark_only():
-    assert _engines("local[*]", (), None).local_max_points == DEFAULT_LOCAL_MAX_POINTS
-    assert _engines("local[2]", (), 0).local_max_points == 0
-    assert _engines("spark://10.0.0.1:7077", (), None).local_max_points == 0
-    assert _engines("spark://10.0.0.1:7077", (), 500).local_max_points == 500
+def test_computing_while_spark_starts_defaults_on_for_embedded_spark_only():
+    assert _engines("local[*]", ()).local_while_starting is True
+    assert _engines("local[2]", (), local_while_starting=False).local_while_starting is False
+    assert _engines("spark://10.0.0.1:7077", ()).local_while_starting is False
+    assert _engines("spark://10.0.0.1:7077", (), local_while_starting=True).local_while_starting is True
+    assert _engines("local[*]", ()).local_max_points == 0

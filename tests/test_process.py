@@ -90,7 +90,7 @@ def test_info_is_answered_within_a_second_of_process_start(drivers, report):
 
 
 def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report):
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--local-max-points", "0", "--flush-interval", "100ms", "--conf", "spark.sql.shuffle.partitions=3")
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting", "--flush-interval", "100ms", "--conf", "spark.sql.shuffle.partitions=3")
     # Once the process is up, so the figure is about Spark's start-up, not Python's.
     assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
@@ -144,7 +144,7 @@ def test_small_micro_batches_are_answered_before_spark_is_up(drivers, report):
 
 
 def test_keepalives_are_answered_during_a_slow_micro_batch(drivers, report):
-    driver = drivers("run", "tests.udfs.sample:sleepy", "--master", "local[2]", "--local-max-points", "0", "--flush-interval", "50ms", cwd=ROOT)
+    driver = drivers("run", "tests.udfs.sample:sleepy", "--master", "local[2]", "--no-local-while-starting", "--flush-interval", "50ms", cwd=ROOT)
     assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
         assert driver.init(option("seconds", 5.0)).success
@@ -181,7 +181,7 @@ def test_a_udf_that_prints_does_not_corrupt_stdout(drivers):
 def test_eof_mid_stream_loses_no_accepted_point(drivers, report):
     # EOF arrives while Spark is still starting and with a micro-batch open; the drain
     # timeout leaves a cold Spark the time to start.
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--local-max-points", "0", "--flush-interval", "1h", "--no-adaptive-flush", "--max-batch-points", "700", "--drain-timeout", "300s")
+    driver = drivers("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting", "--flush-interval", "1h", "--no-adaptive-flush", "--max-batch-points", "700", "--drain-timeout", "300s")
     assert driver.init(option("field", "v"), option("size", 3)).success
     for i in range(2_000):
         driver.point(time=i, name="m", group=f"g={i % 7}", dimensions=["g"], tags={"g": str(i % 7)}, fieldsInt={"v": i})
@@ -261,7 +261,7 @@ def test_bad_options_fail_init_but_keep_the_process(drivers):
 
 
 def test_a_failing_udf_reports_the_group_and_the_exception(drivers):
-    driver = drivers("run", "tests.udfs.sample:failing", "--master", "local[2]", "--local-max-points", "0", "--flush-interval", "50ms", cwd=ROOT)
+    driver = drivers("run", "tests.udfs.sample:failing", "--master", "local[2]", "--no-local-while-starting", "--flush-interval", "50ms", cwd=ROOT)
     assert driver.init().success
     driver.point(time=1, name="m", group="host=a", dimensions=["host"], tags={"host": "a"}, fieldsDouble={"x": 1.0})
     error = driver.responses.wait_for("error", timeout=180)[0].error

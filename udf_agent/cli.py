@@ -53,7 +53,10 @@ def _compute_options(function: Any) -> Any:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default)."),
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
-        click.option("--local-max-points", type=click.IntRange(min=0), default=None, help="Micro-batches of at most this many points, and all of them while Spark starts, are computed in the agent process by the same code Spark runs, without a Spark job's fixed cost. 0: always Spark.  [default: 5000 with a local master, else 0]"),
+        click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
+        click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
+        click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),
+        click.option("--local-max-points", type=click.IntRange(min=0), default=0, show_default=True, help="Micro-batches of at most this many points are computed in the agent process instead of on Spark. 0: all on Spark once it is up."),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
@@ -78,22 +81,27 @@ def _load(target: str) -> Any:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-# Below this many points a micro-batch costs less in the agent than a Spark job's floor.
-DEFAULT_LOCAL_MAX_POINTS = 5_000
-
-
-def _engines(master: str, confs: tuple[tuple[str, str], ...], local_max_points: int | None) -> Any:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0) -> Any:
     from udf_agent.engine import Engines
 
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs)))
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout))
 
-    if local_max_points is None:
+    if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
-        local_max_points = DEFAULT_LOCAL_MAX_POINTS if master.startswith("local") else 0
-    return Engines(make_spark, local_max_points)
+        local_while_starting = master.startswith("local")
+    return Engines(make_spark, local_max_points, local_while_starting)
+
+
+_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "local_while_starting", "local_max_points")
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The command line's compute options: (the engines', the agent's)."""
+    engine = {name: options[name] for name in _ENGINE_OPTIONS}
+    return engine, {name: value for name, value in options.items() if name not in engine}
 
 
 def _agent_config(agent_options: dict[str, Any]) -> Any:
@@ -132,7 +140,7 @@ def main() -> None:
 @main.command()
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, local_max_points: int | None, log_level: str, **agent_options: Any) -> None:
+def run(target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -141,7 +149,8 @@ def run(target: str, master: str, confs: Any, local_max_points: int | None, log_
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
     configure_logging(log_level)
-    engines = _engines(master, confs, local_max_points)
+    engine_options, agent_options = _split_options(options)
+    engines = _engines(master, confs, **engine_options)
     agent = Agent(None, connection, engines, _agent_config(agent_options))
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
@@ -155,7 +164,7 @@ def run(target: str, master: str, confs: Any, local_max_points: int | None, log_
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, local_max_points: int | None, log_level: str, **agent_options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -169,7 +178,8 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
         raise click.BadParameter(f"{socket_mode!r} is not a file mode", param_hint="--socket-mode")
     configure_logging(log_level)
     spec = _load(target)
-    engines = _engines(master, confs, local_max_points)
+    engine_options, agent_options = _split_options(options)
+    engines = _engines(master, confs, **engine_options)
     config = _agent_config(agent_options)
     server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=config.drain_timeout)
     try:

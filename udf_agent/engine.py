@@ -57,14 +57,15 @@ class Engines:
     """Gives each micro-batch the engine it needs; at most one Spark engine per process.
 
     UDFs declared with ``compute=False`` run locally and never start Spark. With
-    ``local_max_points`` > 0, micro-batches of at most that many points, and every
-    micro-batch while Spark is still starting, run locally too: the same code as in
-    Spark's workers, without a Spark job's fixed cost (0.25-0.5 s here) or its start-up.
+    ``local_while_starting``, every micro-batch that arrives while Spark is still
+    starting (seconds) runs locally, and with ``local_max_points`` > 0 so do
+    micro-batches of at most that many points: the same code as in Spark's workers.
     """
 
-    def __init__(self, spark_factory: Callable[[], Engine], local_max_points: int = 0):
+    def __init__(self, spark_factory: Callable[[], Engine], local_max_points: int = 0, local_while_starting: bool = False):
         self._spark_factory = spark_factory
         self.local_max_points = local_max_points
+        self.local_while_starting = local_while_starting
         self._spark: Engine | None = None
         self._local = LocalEngine()
         self._lock = threading.Lock()
@@ -83,7 +84,9 @@ class Engines:
             if self._spark is None:
                 self._spark = self._spark_factory()
             spark = self._spark
-        if points is not None and self.local_max_points and (points <= self.local_max_points or not spark.ready()):
+        if points is None:
+            return spark
+        if (self.local_while_starting and not spark.ready()) or points <= self.local_max_points:
             return self._local
         return spark
 

@@ -147,3 +147,11 @@ def vectorized_new_rows(df, ctx):
 def vectorized_with_state(df, ctx):
     ctx.state["seen"] = len(df)
     return pd.DataFrame(index=df.index)
+
+
+@stream_udf(options=[Option("spare_pid", int)])
+def dies_outside(df, ctx):
+    """Kills the process it runs in, unless that is ``spare_pid`` (the test's own)."""
+    if os.getpid() != ctx.options["spare_pid"]:
+        os._exit(1)
+    return df

@@ -1,0 +1,93 @@
+"""Spark's resident workers (spark_backend.resident): results, and lost or stuck workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from test_compute import decode, rich_points, stream_tasks
+from udfs import sample
+
+from spark_backend.resident import WorkerLost, _split
+from udf_agent.builtins import moving_avg
+from udf_agent.compute import Job
+from udf_agent.engine import LocalEngine
+
+pytestmark = pytest.mark.spark
+
+
+def _after(seconds: float, action) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
+    thread.start()
+    return thread
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_micro_batch_split_across_workers_equals_the_local_result(spark_engine):
+    # Enough bytes that the micro-batch is split between both workers.
+    points = rich_points(40_000)
+    job = Job(moving_avg, {"field": "i", "size": 5, "as": "avg"})
+    tasks = stream_tasks(points, {"rows": 4})
+    assert len(_split(tasks, 2)) == 2
+    on_spark = spark_engine.run(job, tasks)
+    local = LocalEngine().run(job, tasks)
+    assert on_spark["error"].isna().all(), on_spark["error"].dropna().tolist()
+    assert list(on_spark["key"]) == list(local["key"])
+    assert [decode(o) for o in on_spark["output"]] == [decode(o) for o in local["output"]]
+    assert list(on_spark["history"]) == list(local["history"])
+
+
+def test_a_killed_worker_is_replaced_and_the_micro_batch_computed_once(spark_engine):
+    resident = spark_engine.resident
+    launches, victims = resident.launches, resident.worker_pids()
+    points = rich_points(200)
+    _after(0.5, lambda: _signal_all(victims[:1], signal.SIGKILL))
+    # Four groups: four calls of 0.4 s.
+    results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.4}), stream_tasks(points))
+    assert results["error"].isna().all()
+    echoed = sorted(r.point.time for output in results["output"] for r in decode(output))
+    assert echoed == sorted(p.time for p in points)  # every point, exactly once
+    assert resident.launches == launches + 1
+    assert not set(victims) & set(resident.worker_pids())
+
+
+def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(spark_engine):
+    resident = spark_engine.resident
+    launches, stuck = resident.launches, resident.worker_pids()
+    resident.batch_timeout = 3.0
+    try:
+        _after(0.3, lambda: _signal_all(stuck, signal.SIGSTOP))
+        started = time.monotonic()
+        # Four groups: four calls of 0.25 s.
+        results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.25}), stream_tasks(rich_points(50)))
+        elapsed = time.monotonic() - started
+    finally:
+        resident.batch_timeout = 60.0
+        _signal_all(stuck, signal.SIGKILL)
+    assert results["error"].isna().all()
+    assert resident.launches == launches + 1
+    assert 3.0 <= elapsed < 30, elapsed
+
+
+def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(spark_engine):
+    resident = spark_engine.resident
+    launches = resident.launches
+    tasks = stream_tasks(rich_points(40))
+    with pytest.raises(WorkerLost) as failure:
+        spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks)
+    message = str(failure.value)
+    assert "UDF 'dies_outside'" in message and f"{len(tasks)} group(s)" in message and "failed twice" in message
+    assert "was lost" in message or "closed its connection" in message
+    # Fresh workers are up for the next micro-batch.
+    assert resident.launches == launches + 2
+    assert spark_engine.run(Job(sample.passthrough, {}), tasks)["error"].isna().all()
