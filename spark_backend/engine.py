@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from spark_backend.resident import ResidentWorkers
-from udf_agent.compute import RESULT_COLUMNS, RESULT_DDL, Job, run_partition
+from udf_agent.compute import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +117,17 @@ class SparkEngine:
         if self._error is not None:
             raise SparkStartError(f"Spark did not start ({self.settings.master}): {_first_line(self._error)}") from self._error
 
-    def run(self, job: Job, tasks: pd.DataFrame) -> pd.DataFrame:
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
+        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
         self.wait_ready()
         if self._resident is not None:
             return self._resident.run(job, tasks)
-        frame = self._session.createDataFrame(tasks, schema=TASK_DDL)
+        frame = self._session.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
         results = frame.mapInPandas(functools.partial(run_partition, job), schema=RESULT_DDL).toPandas()
         results = results.sort_values("seq", kind="stable").reset_index(drop=True)
         for column in ("output", "history"):
             results[column] = [bytes(v) if v is not None else None for v in results[column]]
-        return results[list(RESULT_COLUMNS)]
+        return pa.Table.from_pandas(results[list(RESULT_COLUMNS)], schema=RESULT_SCHEMA, preserve_index=False)
 
     def stop(self) -> None:
         if self._resident is not None:

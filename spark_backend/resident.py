@@ -40,7 +40,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from udf_agent.compute import RESULT_COLUMNS, TASK_COLUMNS, Job, run_partition
+from udf_agent.compute import Job, compute_tasks
 from udf_agent.table import ipc_to_table, table_to_ipc
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,6 @@ HEADER = struct.Struct("!BQ")
 HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE = range(1, 7)
 JOB_KEY_BYTES = 16
 
-TASK_SCHEMA = pa.schema(
-    [("seq", pa.int64()), ("key", pa.string()), ("meta", pa.string()), ("data", pa.binary()), ("history", pa.binary()), ("state", pa.string())]
-)
-RESULT_SCHEMA = pa.schema(
-    [
-        ("seq", pa.int64()), ("key", pa.string()), ("output", pa.binary()), ("history", pa.binary()),
-        ("state", pa.string()), ("error", pa.string()), ("emitted", pa.int64()),
-    ]
-)
 # Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
 SPLIT_BYTES = 512 * 1024
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).
@@ -135,9 +126,7 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
                     jobs.popitem(last=False)
                 continue
             try:
-                tasks = ipc_to_table(body).to_pandas()
-                results = pd.concat(list(run_partition(jobs[key], iter([tasks]))), ignore_index=True)
-                reply = table_to_ipc(pa.Table.from_pandas(results, schema=RESULT_SCHEMA, preserve_index=False))
+                reply = table_to_ipc(compute_tasks(jobs[key], ipc_to_table(body)))
             except Exception:
                 send_message(sock, FAILURE, traceback.format_exc().encode())
             else:
@@ -190,7 +179,7 @@ class ResidentWorkers:
         with self._lock:
             self._launch()
 
-    def run(self, job: Job, tasks: pd.DataFrame) -> pd.DataFrame:
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         with self._lock:
             if self._stopped:
                 raise WorkerLost("the engine was stopped")
@@ -204,7 +193,7 @@ class ResidentWorkers:
                 except WorkerLost as second:
                     self._relaunch_quietly()
                     raise WorkerLost(
-                        f"UDF {job.spec.name!r}: a micro-batch of {len(tasks)} group(s) failed twice on Spark's resident workers: "
+                        f"UDF {job.spec.name!r}: a micro-batch of {tasks.num_rows} group(s) failed twice on Spark's resident workers: "
                         f"{first}; then {second}"
                     ) from second
 
@@ -215,7 +204,7 @@ class ResidentWorkers:
 
     # ---- one micro-batch ----
 
-    def _run_once(self, job: Job, tasks: pd.DataFrame) -> pd.DataFrame:
+    def _run_once(self, job: Job, tasks: pa.Table) -> pa.Table:
         if not self._workers:
             raise WorkerLost("no resident worker is connected")
         key, pickled = self._job_pickle(job)
@@ -223,16 +212,16 @@ class ResidentWorkers:
         deadline = time.monotonic() + self.batch_timeout
         used = self._workers[: len(parts)]
         for worker, part in zip(used, parts):
-            payload = table_to_ipc(pa.Table.from_pandas(part[list(TASK_COLUMNS)], schema=TASK_SCHEMA, preserve_index=False))
+            payload = table_to_ipc(part)
             self._exchange(worker, deadline, lambda w=worker, p=payload: self._send_tasks(w, key, pickled, p))
         results = []
         for worker in used:
             kind, payload = self._exchange(worker, deadline, lambda w=worker: _require(receive_message(w.sock), w))
             if kind == FAILURE:
                 raise RuntimeError(f"{worker} failed outside the UDF:\n{payload.decode(errors='replace')}")
-            results.append(ipc_to_table(payload).to_pandas())
-        merged = pd.concat(results, ignore_index=True) if len(results) > 1 else results[0]
-        return merged.sort_values("seq", kind="stable").reset_index(drop=True)[list(RESULT_COLUMNS)]
+            results.append(ipc_to_table(payload))
+        # Parts are consecutive runs of tasks, each answered in task order.
+        return pa.concat_tables(results) if len(results) > 1 else results[0]
 
     def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: bytes) -> None:
         if key not in worker.jobs:
@@ -367,18 +356,19 @@ def _require(message: tuple[int, bytes] | None, worker: _Worker) -> tuple[int, b
     return message
 
 
-def _split(tasks: pd.DataFrame, workers: int) -> list[pd.DataFrame]:
+def _split(tasks: pa.Table, workers: int) -> list[pa.Table]:
     """Consecutive runs of tasks with about the same bytes of points, one per worker used."""
-    sizes = tasks["data"].map(len).to_numpy().cumsum() if len(tasks) else []
+    import numpy as np
+    import pyarrow.compute as pc
+
+    sizes = np.cumsum(pc.binary_length(tasks.column("data")).to_numpy(zero_copy_only=False)) if tasks.num_rows else np.zeros(0)
     total = int(sizes[-1]) if len(sizes) else 0
-    parts = max(1, min(workers, len(tasks), total // SPLIT_BYTES))
+    parts = max(1, min(workers, tasks.num_rows, total // SPLIT_BYTES))
     if parts == 1:
         return [tasks]
-    import numpy as np
-
     cuts = np.searchsorted(sizes, [total * i // parts for i in range(1, parts)], side="left") + 1
-    bounds = [0, *sorted(set(cuts.tolist())), len(tasks)]
-    return [tasks.iloc[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    bounds = [0, *sorted(set(cuts.tolist())), tasks.num_rows]
+    return [tasks.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def _first_line(exc: BaseException | None) -> str:

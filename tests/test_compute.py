@@ -13,7 +13,7 @@ from udf_agent import udf_pb2
 from udf_agent.agent import AgentConfig
 from udf_agent.builtins import moving_avg, outliers
 from udf_agent.codec import FrameDecoder, encode_frame
-from udf_agent.compute import TASK_COLUMNS, Job
+from udf_agent.compute import Job, tasks_from_rows
 from udf_agent.engine import Engines, LocalEngine
 from udf_agent.table import KapacitorBatch, StreamMicroBatch
 from udf_agent.testing import Duration, InProcessAgent, option
@@ -32,8 +32,8 @@ def stream_tasks(points, window=None):
     for point in points:
         batch.append(point.group, point.SerializeToString())
     meta = json.dumps({"history": window})
-    rows = [(seq, group, meta, rows.encoded(), None, None) for seq, (group, rows) in enumerate(batch.groups.items())]
-    return pd.DataFrame(rows, columns=list(TASK_COLUMNS))
+    grouped = batch.grouped()
+    return tasks_from_rows([(seq, group, meta, grouped.points(seq), None, None) for seq, group in enumerate(grouped.keys)])
 
 
 def rich_points(count=60):
@@ -79,8 +79,8 @@ def test_spark_and_pandas_give_identical_results(any_spark_engine):
     ):
         job = Job(spec, options)
         tasks = stream_tasks(points, window)
-        on_spark = spark_engine.run(job, tasks)
-        in_pandas = LocalEngine().run(job, tasks)
+        on_spark = spark_engine.run(job, tasks).to_pandas()
+        in_pandas = LocalEngine().run(job, tasks).to_pandas()
         assert on_spark["error"].isna().all(), on_spark["error"].dropna().tolist()
         # Map order in serialised protobuf differs between processes: compare messages.
         assert [decode(o) for o in on_spark["output"]] == [decode(o) for o in in_pandas["output"]]
@@ -90,7 +90,7 @@ def test_spark_and_pandas_give_identical_results(any_spark_engine):
 
 def test_passthrough_on_spark_keeps_every_value_and_type(spark_engine):
     points = rich_points()
-    results = spark_engine.run(Job(sample.passthrough, {}), stream_tasks(points))
+    results = spark_engine.run(Job(sample.passthrough, {}), stream_tasks(points)).to_pandas()
     echoed = [r.point for output in results["output"] for r in decode(output)]
     by_time = {p.time: p for p in echoed}
     assert len(by_time) == len(points)
@@ -217,10 +217,10 @@ def test_outliers_scale_is_applied():
     for i, value in enumerate(TUKEY_VALUES):
         batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}).SerializeToString())
     meta = json.dumps({"name": "m", "tags": {}, "tmax": 1, "by_name": False})
-    tasks = pd.DataFrame([(0, "", meta, batch.rows.encoded(), None, None)], columns=list(TASK_COLUMNS))
+    tasks = tasks_from_rows([(0, "", meta, batch.rows.encoded(), None, None)])
     counts = []
     for scale in (1.0, 1.5, 3.0):
-        (result,) = LocalEngine().run(Job(outliers, {"field": "value", "scale": scale}), tasks).itertuples()
+        (result,) = LocalEngine().run(Job(outliers, {"field": "value", "scale": scale}), tasks).to_pandas().itertuples()
         counts.append(sum(1 for r in decode(result.output) if r.WhichOneof("message") == "point"))
     assert counts[0] >= counts[1] == 5 >= counts[2]
     assert counts[0] > counts[2]

@@ -39,8 +39,8 @@ def test_a_micro_batch_split_across_workers_equals_the_local_result(spark_engine
     job = Job(moving_avg, {"field": "i", "size": 5, "as": "avg"})
     tasks = stream_tasks(points, {"rows": 4})
     assert len(_split(tasks, 2)) == 2
-    on_spark = spark_engine.run(job, tasks)
-    local = LocalEngine().run(job, tasks)
+    on_spark = spark_engine.run(job, tasks).to_pandas()
+    local = LocalEngine().run(job, tasks).to_pandas()
     assert on_spark["error"].isna().all(), on_spark["error"].dropna().tolist()
     assert list(on_spark["key"]) == list(local["key"])
     assert [decode(o) for o in on_spark["output"]] == [decode(o) for o in local["output"]]
@@ -53,7 +53,7 @@ def test_a_killed_worker_is_replaced_and_the_micro_batch_computed_once(spark_eng
     points = rich_points(200)
     _after(0.5, lambda: _signal_all(victims[:1], signal.SIGKILL))
     # Four groups: four calls of 0.4 s.
-    results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.4}), stream_tasks(points))
+    results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.4}), stream_tasks(points)).to_pandas()
     assert results["error"].isna().all()
     echoed = sorted(r.point.time for output in results["output"] for r in decode(output))
     assert echoed == sorted(p.time for p in points)  # every point, exactly once
@@ -69,7 +69,7 @@ def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(
         _after(0.3, lambda: _signal_all(stuck, signal.SIGSTOP))
         started = time.monotonic()
         # Four groups: four calls of 0.25 s.
-        results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.25}), stream_tasks(rich_points(50)))
+        results = spark_engine.run(Job(sample.sleepy, {"seconds": 0.25}), stream_tasks(rich_points(50))).to_pandas()
         elapsed = time.monotonic() - started
     finally:
         resident.batch_timeout = 60.0
@@ -84,10 +84,10 @@ def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(s
     launches = resident.launches
     tasks = stream_tasks(rich_points(40))
     with pytest.raises(WorkerLost) as failure:
-        spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks)
+        spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks).to_pandas()
     message = str(failure.value)
     assert "UDF 'dies_outside'" in message and f"{len(tasks)} group(s)" in message and "failed twice" in message
     assert "was lost" in message or "closed its connection" in message
     # Fresh workers are up for the next micro-batch.
     assert resident.launches == launches + 2
-    assert spark_engine.run(Job(sample.passthrough, {}), tasks)["error"].isna().all()
+    assert spark_engine.run(Job(sample.passthrough, {}), tasks).to_pandas()["error"].isna().all()

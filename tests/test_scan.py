@@ -171,3 +171,30 @@ def test_random_streams_agree_with_the_reference():
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
     _, pieces = feed_all(chunks)
     assert expand(pieces) == reference(stream)
+
+
+def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():
+    import random
+
+    import numpy as np
+
+    from udf_agent.scan import first_invalid_group
+
+    tricky = [
+        b"", b"plain", "é€𝄞".encode(), b"\x80", b"\xc0\xaf", b"\xc1\xbf", b"\xc2", b"\xc2\x41",
+        b"\xe0\x80\xaf", b"\xe0\xa0\x80", b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbf\xbf",
+        b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+        b"\xff", b"a\xe2\x82", b"\xe2\x82\xac\xe2",
+    ]
+    rng = random.Random(5)
+    samples = tricky + [bytes(rng.choice(b"a\x80\xbf\xc2\xdf\xe0\xed\xef\xf0\xf4\xf5") for _ in range(rng.randint(1, 6))) for _ in range(3000)]
+    for sample in samples:
+        spans = np.array([[1, 1 + len(sample)]])
+        try:
+            sample.decode()
+            valid = True
+        except UnicodeDecodeError:
+            valid = False
+        assert (first_invalid_group(b"x" + sample + b"y", spans) == -1) == valid, sample
+    # A point with no group, then a bad one: the index of the bad one.
+    assert first_invalid_group(b"ok\xff", np.array([[-1, -1], [0, 2], [2, 3]])) == 2

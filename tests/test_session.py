@@ -307,7 +307,8 @@ def test_points_accepted_before_a_fail_are_computed_before_it():
     batch = events[0].batch
     assert isinstance(batch, StreamMicroBatch)
     assert batch.count == 3
-    assert {g: column(rows, "__time") for g, rows in batch.groups.items()} == {"group=a": [1, 3], "group=b": [2]}
+    grouped = batch.grouped()
+    assert {g: column(grouped.points(i), "__time") for i, g in enumerate(grouped.keys)} == {"group=a": [1, 3], "group=b": [2]}
 
 
 def test_complete_batches_before_a_fail_are_computed_and_the_open_one_is_not():
@@ -365,20 +366,20 @@ def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
     assert s.flush_due(11.0) == []
 
 
-def column(rows, name: str) -> list:
-    """One column of the points a GroupRows holds, decoded as a worker would."""
-    return decode_points(rows.encoded()).column(name).to_pylist()
+def column(points: bytes, name: str) -> list:
+    """One column of length-prefixed points, decoded as a worker would."""
+    return decode_points(points).column(name).to_pylist()
 
 
 def test_micro_batch_keeps_groups_apart_in_arrival_order():
     s = started()
     drive(s, [point(1, "a", 1.0), point(2, "b", 2.0), point(3, "a", 3.0)])
     (computed,) = s.finish()
-    groups = computed.batch.groups
-    assert list(groups) == ["group=a", "group=b"]
-    assert column(groups["group=a"], "__time") == [1, 3]
-    assert column(groups["group=a"], "fd:value") == [1.0, 3.0]
-    assert groups["group=b"].count == 1
+    grouped = computed.batch.grouped()
+    assert grouped.keys == ["group=a", "group=b"]
+    assert column(grouped.points(0), "__time") == [1, 3]
+    assert column(grouped.points(0), "fd:value") == [1.0, 3.0]
+    assert grouped.counts[1] == 1
 
 
 def test_snapshot_request_closes_the_pending_micro_batch_first():
@@ -451,8 +452,8 @@ def test_batch_udf_groups_complete_batches_into_one_micro_batch():
     assert batch.count == 3
     first, second = batch.batches
     assert (first.group, first.name, first.tags, first.tmax) == ("host=x", "cpu", {"host": "x"}, 2)
-    assert column(first.rows, "__time") == [1, 2]
-    assert column(first.rows, "fd:value") == [5.0, 6.0]
+    assert column(first.rows.encoded(), "__time") == [1, 2]
+    assert column(first.rows.encoded(), "fd:value") == [5.0, 6.0]
     assert (second.group, second.name, second.tags, second.tmax) == ("host=y", "mem", {"host": "y"}, 3)
 
 
@@ -478,7 +479,7 @@ def test_snapshot_inside_an_open_batch_keeps_the_batch_open():
     events = drive(s, [begin("g1"), point(1, batch=True), snapshot(), point(2, batch=True), end("g1", tmax=2)])
     assert kinds(events) == ["TakeSnapshot"]
     (computed,) = s.finish()
-    assert column(computed.batch.batches[0].rows, "__time") == [1, 2]
+    assert column(computed.batch.batches[0].rows.encoded(), "__time") == [1, 2]
 
 
 # ---- the guard on the session's replies ----
@@ -629,7 +630,7 @@ def test_mirror_points_one_by_one_are_sent_back_as_the_same_frames():
 @pytest.mark.parametrize("points", [10, 60], ids=["a-group-a-point-or-so", "many-points-a-group"])
 @pytest.mark.parametrize("max_batch_points", [1, 7, 1000])
 def test_a_point_run_is_grouped_as_the_same_points_one_by_one(max_batch_points, points):
-    # 60 points over 3 groups are grouped run by run (scan.group_run); 10 are taken one by one.
+    # The compiled grouping (scan.group_points) against the reference path's, point by point.
     requests = [point(t, "abc"[t % 3], float(t)) for t in range(points)]
     one_by_one = session(moving_avg, max_batch_points=max_batch_points)
     drive(one_by_one, [init(*MOVING_AVG_OPTIONS)])
@@ -639,7 +640,7 @@ def test_a_point_run_is_grouped_as_the_same_points_one_by_one(max_batch_points, 
     got = as_run.receive_point_run(_run(*requests), 0.0) + as_run.finish()
 
     def groups(events):
-        return [{g: rows.encoded() for g, rows in e.batch.groups.items()} for e in events]
+        return [(g.keys, [g.points(i) for i in range(len(g))], list(g.counts)) for g in (e.batch.grouped() for e in events)]
 
     assert groups(got) == groups(expected) and len(got) == len(expected) > 0
 
@@ -657,15 +658,30 @@ def test_passthrough_is_refused_where_it_cannot_hold():
         dataclasses.replace(mirror, name="batchy", wants="batch", provides="batch")
 
 
-def test_group_run_groups_in_first_arrival_order_and_declines_when_it_would_not_pay():
-    from udf_agent.scan import group_run
+def test_group_points_groups_in_first_arrival_order_as_the_reference_does():
+    from udf_agent.scan import group_points
+    from udf_agent.table import group_points_by_key
 
-    requests = [point(t, "bca"[t % 3], float(t)) for t in range(60)]
+    requests = [point(t, "bca"[t % 3], float(t)) for t in range(60)] + [point(t, f"g{t}", 1.0) for t in range(8)]
     run = _run(*requests)
-    grouped = group_run(run.frames, run.points, run.groups)
-    assert [(key, count) for key, _, count in grouped] == [(b"group=b", 20), (b"group=c", 20), (b"group=a", 20)]
+    grouped = group_points(run.frames, run.points, run.groups)
+    assert grouped.keys[:3] == ["group=b", "group=c", "group=a"] and list(grouped.counts[:3]) == [20, 20, 20]
     # Each group's points, in arrival order, with their length varints.
     frames = [encode_frame(r) for r in requests]
-    assert grouped[0][1] == b"".join(f[3:] for f in frames[0::3])
-    few = _run(*(point(t, f"g{t}", 1.0) for t in range(8)))
-    assert group_run(few.frames, few.points, few.groups) is None
+    assert grouped.points(0) == b"".join(f[3:] for f in frames[0:60:3])
+    reference = group_points_by_key(run.frames, run.points, run.groups)
+    assert grouped.keys == reference.keys and list(grouped.counts) == list(reference.counts)
+    assert [grouped.points(i) for i in range(len(grouped))] == [reference.points(i) for i in range(len(reference))]
+
+
+def test_a_point_run_is_accepted_up_to_a_group_that_is_not_utf8():
+    requests = [point(t, "a", float(t)) for t in range(5)]
+    requests[3].point.group = "cafe!"  # made invalid below, at the same length
+    raw = b"".join(encode_frame(r) for r in requests).replace(b"cafe!", b"caf\xff!")
+    run = FastFrameSplitter(1 << 20).feed(bytearray(raw))[0]
+    s = session(moving_avg)
+    drive(s, [init(*MOVING_AVG_OPTIONS)])
+    events = s.receive_point_run(run, 0.0, frames_before=10)
+    assert kinds(events) == ["Compute", "Fail"]
+    assert events[0].batch.count == 3
+    assert events[1].message == "frame 14: Point.group is not valid UTF-8"

@@ -547,26 +547,35 @@ class Agent:
             self.writer.close()
 
     def _compute(self, item: Compute) -> None:
-        import pandas as pd
+        import numpy as np
+        import pyarrow as pa
 
-        from udf_agent.compute import TASK_COLUMNS, Job
+        from udf_agent.compute import TASK_SCHEMA, Job, tasks_from_rows
 
         if self._job is None:
             self._job = Job(self.spec, self._options.raw())
         batch = item.batch
         window = self.spec.history_window(self._job.option_values()) if self.spec.wants == "stream" else None
-        rows = []
         if self.spec.wants == "stream":
-            meta = json.dumps({"history": window})
-            for seq, (group, group_rows) in enumerate(batch.groups.items()):
-                history, state = self._groups.get(group, (None, None))
-                rows.append((seq, group, meta, group_rows.encoded(), history, state))
+            grouped = batch.grouped()
+            kept = [self._groups.get(group, (None, None)) for group in grouped.keys]
+            count = len(grouped)
+            columns = {
+                "seq": np.arange(count),
+                "key": grouped.keys,
+                "meta": [json.dumps({"history": window})] * count,
+                "data": grouped.arrow(),
+                "history": [history for history, _ in kept],
+                "state": [state for _, state in kept],
+            }
+            tasks = pa.table(columns, schema=TASK_SCHEMA)
         else:
+            rows = []
             for seq, kbatch in enumerate(batch.batches):
                 meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
                 _, state = self._groups.get(kbatch.group, (None, None))
                 rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))
-        tasks = pd.DataFrame(rows, columns=list(TASK_COLUMNS))
+            tasks = tasks_from_rows(rows)
         started = time.monotonic()
         self._computing = batch.count
         try:
@@ -585,30 +594,29 @@ class Agent:
         # still get ahead between stretches.
         stretch: list[bytes] = []
         stretch_size = 0
-        for result in results.itertuples(index=False):
-            if isinstance(result.error, str):
+        columns = (results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted"))
+        for key, output, history, state, error, count in zip(*columns):
+            if error is not None:
                 if stretch:
                     self.writer.send(b"".join(stretch))
-                log.error("%s", result.error)
-                raise UDFError(_error_summary(result.error))
-            if result.output:
-                stretch.append(result.output)
-                stretch_size += len(result.output)
+                log.error("%s", error)
+                raise UDFError(_error_summary(error))
+            if output:
+                stretch.append(output)
+                stretch_size += len(output)
                 if stretch_size >= WRITE_CHUNK // 2:
                     self.writer.send(b"".join(stretch))
                     stretch, stretch_size = [], 0
-            history = result.history if isinstance(result.history, bytes) else None
-            state = result.state if isinstance(result.state, str) else None
             if history is None and state is None:
-                self._groups.pop(result.key, None)
+                self._groups.pop(key, None)
             else:
-                self._groups[result.key] = (history, state)
-            emitted += int(result.emitted)
+                self._groups[key] = (history, state)
+            emitted += count
         if stretch:
             self.writer.send(b"".join(stretch))
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count, len(rows), emitted, time.monotonic() - started, engine.name,
+            batch.count, tasks.num_rows, emitted, time.monotonic() - started, engine.name,
         )
 
     def _snapshot(self) -> None:

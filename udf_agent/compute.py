@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,21 @@ log = logging.getLogger(__name__)
 TASK_COLUMNS = ("seq", "key", "meta", "data", "history", "state")
 RESULT_COLUMNS = ("seq", "key", "output", "history", "state", "error", "emitted")
 RESULT_DDL = "seq long, key string, output binary, history binary, state string, error string, emitted long"
+# A micro-batch's tasks reach an engine as an Arrow table of this schema.
+TASK_SCHEMA = pa.schema(
+    [("seq", pa.int64()), ("key", pa.string()), ("meta", pa.string()), ("data", pa.binary()), ("history", pa.binary()), ("state", pa.string())]
+)
+RESULT_SCHEMA = pa.schema(
+    [
+        ("seq", pa.int64()), ("key", pa.string()), ("output", pa.binary()), ("history", pa.binary()),
+        ("state", pa.string()), ("error", pa.string()), ("emitted", pa.int64()),
+    ]
+)
+
+
+def tasks_from_rows(rows: list[tuple]) -> pa.Table:
+    """The task table of rows in ``TASK_COLUMNS`` order."""
+    return pa.table({name: [row[i] for row in rows] for i, name in enumerate(TASK_COLUMNS)}, schema=TASK_SCHEMA)
 
 TIME_COLUMN = "time"
 TAG_COLUMN_PREFIX = "tag:"
@@ -52,14 +68,26 @@ class Job:
 
 
 def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The body of the pandas UDF: task rows in, result rows out."""
+    """The body of the pandas UDF of a Spark job per micro-batch: task rows in, result rows out."""
     for frame in frames:
-        tasks = list(frame.itertuples(index=False))
-        if job.spec.wants == "stream" and tasks:
-            results = _run_stream_partition(job, tasks)
-        else:
-            results = [run_task(job, task) for task in tasks]
-        yield pd.DataFrame(results, columns=list(RESULT_COLUMNS))
+        tasks = pa.Table.from_pandas(frame[list(TASK_COLUMNS)], schema=TASK_SCHEMA, preserve_index=False)
+        yield compute_tasks(job, tasks).to_pandas()
+
+
+Task = namedtuple("Task", TASK_COLUMNS)
+
+
+def compute_tasks(job: Job, tasks: pa.Table) -> pa.Table:
+    """Every engine's work: a table of ``TASK_SCHEMA`` in, one of ``RESULT_SCHEMA`` out, row for row."""
+    rows = [Task(*values) for values in zip(*(tasks.column(name).to_pylist() for name in TASK_COLUMNS))]
+    if job.spec.wants == "stream" and rows:
+        return _run_stream_partition(job, tasks, rows)
+    return results_from_rows([run_task(job, task) for task in rows])
+
+
+def results_from_rows(rows: list[tuple]) -> pa.Table:
+    """The result table of rows in ``RESULT_COLUMNS`` order."""
+    return pa.table({name: [row[i] for row in rows] for i, name in enumerate(RESULT_COLUMNS)}, schema=RESULT_SCHEMA)
 
 
 @dataclass
@@ -70,25 +98,24 @@ class _Groups:
     history_rows: list[int]
 
 
-def _run_stream_partition(job: Job, tasks: list[Any]) -> list[tuple]:
+def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Table:
     """Every group of a partition decoded at once: history, then new points, group after group."""
-    histories = [task.history if _present(task.history) else b"" for task in tasks]
-    parts = [part for history, task in zip(histories, tasks) for part in (history, task.data)]
+    parts = [part for task in rows for part in (task.history or b"", task.data)]
     try:
         data, headers = pointcodec.decode_with_headers(b"".join(parts))
         # Where each group's history and new points begin, as point numbers.
         bounds = headers.points_at(np.cumsum([0] + [len(part) for part in parts]))
     except ProtocolError:
-        return [run_task(job, task) for task in tasks]  # one by one, to name the group at fault
+        return results_from_rows([run_task(job, task) for task in rows])  # one by one, to name the group at fault
     starts = bounds[0::2]
     groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
-    window = json.loads(tasks[0].meta).get("history")
+    window = json.loads(rows[0].meta).get("history")
     if job.spec.vectorized:
-        return _run_vectorized(job, tasks, data, headers, groups, window)
-    return [
+        return _run_vectorized(job, tasks, rows, data, headers, groups, window)
+    return results_from_rows([
         _run_group(job, task, data.slice(start, end - start), headers, int(start), history_rows, window)
-        for task, start, end, history_rows in zip(tasks, starts[:-1], starts[1:], groups.history_rows)
-    ]
+        for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
+    ])
 
 
 def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict | None) -> tuple:
@@ -103,46 +130,69 @@ def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers,
     return (task.seq, task.key, None, None, None, error, 0)
 
 
-def _run_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict | None) -> list[tuple]:
+def _run_vectorized(
+    job: Job, tasks: pa.Table, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict | None
+) -> pa.Table:
     """One call for every group of the partition; its per-row result is cut back into groups."""
     try:
-        outputs, emitted = _call_vectorized(job, tasks, data, headers, groups)
+        output, offsets, emitted = _call_vectorized(job, rows, data, headers, groups)
     except Exception:
-        error = f"UDF {job.spec.name!r} failed on a partition of {len(tasks)} group(s):\n{traceback.format_exc()}"
-        return [(task.seq, task.key, None, None, None, error, 0) for task in tasks]
-    histories = _keep_histories(data.column(cols.TIME).to_numpy(), headers, groups.starts, window)
-    return [
-        (task.seq, task.key, output, history, None, None, count)
-        for task, output, history, count in zip(tasks, outputs, histories, emitted.tolist())
-    ]
+        error = f"UDF {job.spec.name!r} failed on a partition of {len(rows)} group(s):\n{traceback.format_exc()}"
+        return results_from_rows([(task.seq, task.key, None, None, None, error, 0) for task in rows])
+    count = len(rows)
+    nothing = pa.nulls(count, pa.string())
+    return pa.table(
+        {
+            "seq": tasks.column("seq"),
+            "key": tasks.column("key"),
+            "output": _binary(np.frombuffer(output, np.uint8), offsets),
+            "history": _keep_histories(data.column(cols.TIME).to_numpy(), headers, groups.starts, window),
+            "state": nothing,
+            "error": nothing,
+            "emitted": pa.array(emitted, pa.int64()),
+        },
+        schema=RESULT_SCHEMA,
+    )
 
 
-def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict | None) -> list[bytes | None]:
+def _binary(data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A binary array over ``data`` (item i: ``data[offsets[i]:offsets[i + 1]]``), without copying it."""
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.binary(), len(offsets) - 1, [bitmap, pa.py_buffer(np.ascontiguousarray(offsets, np.int32)), pa.py_buffer(data)]
+    )
+
+
+def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict | None) -> pa.Array:
     """``_keep_history`` for every group at once: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
     count = len(starts) - 1
     if not window:
-        return [None] * count
+        return pa.nulls(count, pa.binary())
     if "rows" not in window:
-        return [_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+        kept = [_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+        return pa.array(kept, pa.binary())
     # The last rows of a group are one stretch of bytes.
     first = np.maximum(starts[:-1], starts[1:] - window["rows"])
-    return headers.stretches(first, starts[1:])
+    data, offsets = headers.gather_stretches(first, starts[1:])
+    return _binary(data, offsets, first < starts[1:])
 
 
-def _call_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointcodec.Headers, groups: _Groups) -> tuple[list[bytes], np.ndarray]:
+def _call_vectorized(job: Job, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The output frames of every group, group after group; where each group's begin
+    (and the end), and how many points each group emitted."""
     frame, layout = user_frame(data)
     ctx = Context(
         options=job.option_values(),
         group="",
         tags={},
-        groups=tuple(task.key for task in tasks),
+        groups=tuple(task.key for task in rows),
         group_starts=groups.starts,
     )
     result = job.spec.function(frame, ctx)
     if ctx.state:
         raise TypeError("a vectorized UDF keeps no ctx.state")
     # Rows each group had before this micro-batch: their results are dropped.
-    group_of_row = np.repeat(np.arange(len(tasks)), np.diff(groups.starts))
+    group_of_row = np.repeat(np.arange(len(rows)), np.diff(groups.starts))
     seen = groups.starts[:-1] + np.asarray(groups.history_rows, np.int64)
     encoded = _encode_rows_of(result, headers, layout, data.num_rows, seen[group_of_row])
     if encoded is None:
@@ -151,11 +201,11 @@ def _call_vectorized(job: Job, tasks: list[Any], data: pa.Table, headers: pointc
             f"field columns, no 'time' or tag columns; got {type(result).__name__} "
             f"with columns {list(getattr(result, 'columns', []))!r}"
         )
-    output, rows, ends = encoded
+    output, out_rows, ends = encoded
     # Output rows are in input order, so each group's frames are one stretch of the output.
-    cuts = np.searchsorted(rows, groups.starts)
+    cuts = np.searchsorted(out_rows, groups.starts)
     offsets = np.concatenate(([0], ends))[cuts]
-    return [output[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())], np.diff(cuts)
+    return output, offsets, np.diff(cuts)
 
 
 def run_task(job: Job, task: Any) -> tuple:
@@ -177,7 +227,7 @@ def run_task(job: Job, task: Any) -> tuple:
 
 def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
     # The kept history is the group's last points as received: decoded with the new ones.
-    history = task.history if _present(task.history) else b""
+    history = task.history or b""
     history_rows = pointcodec.count_points(history)
     data, headers = pointcodec.decode_with_headers(history + task.data)
     output, emitted, state = _call_group(job, task, data, headers, 0, history_rows)
@@ -249,10 +299,6 @@ def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str |
     return output, None, _dump_state(ctx.state), len(points)
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and np.isnan(value))
-
-
 def _tag_value(data: pa.Table, key: str, row: int) -> str | None:
     name = cols.TAG + key
     if name not in data.column_names:
@@ -261,9 +307,7 @@ def _tag_value(data: pa.Table, key: str, row: int) -> str | None:
 
 
 def _load_state(state: Any) -> dict:
-    if not _present(state):
-        return {}
-    return json.loads(state)
+    return json.loads(state) if state else {}
 
 
 def _dump_state(state: Any) -> str | None:

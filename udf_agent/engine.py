@@ -1,7 +1,8 @@
 """Where tasks run: the small interface every compute engine implements.
 
-An engine takes the tasks of one micro-batch (a pandas DataFrame with the
-columns of ``compute.TASK_COLUMNS``) and returns one result row per task
+An engine takes the tasks of one micro-batch (an Arrow table of
+``compute.TASK_SCHEMA``) and returns one result row per task, an Arrow table of
+``compute.RESULT_SCHEMA``
 (``compute.RESULT_COLUMNS``), in task order. ``start`` returns at once:
 engines warm up in the background while the agent keeps answering Kapacitor.
 Nothing heavy is imported here, so the Info path stays fast.
@@ -44,10 +45,9 @@ class LocalEngine:
         return True
 
     def run(self, job: Any, tasks: Any) -> Any:
-        from udf_agent.compute import run_partition
+        from udf_agent.compute import compute_tasks
 
-        (results,) = run_partition(job, iter([tasks]))
-        return results
+        return compute_tasks(job, tasks)
 
     def stop(self) -> None:
         pass

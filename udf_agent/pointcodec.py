@@ -199,12 +199,15 @@ class Headers:
         """For byte offsets that fall between points, how many points precede each."""
         return np.searchsorted(self.points[:, 0], offsets, side="left") if len(self.points) else np.zeros(len(offsets), np.int64)
 
-    def stretches(self, first: np.ndarray, stop: np.ndarray) -> list[bytes | None]:
-        """The bytes of points ``first[i]:stop[i]`` for each i (None where empty)."""
-        raw = self.raw
-        starts = self.points[np.minimum(first, len(self.points) - 1), 0].tolist() if len(self.points) else []
-        ends = self.points[np.maximum(stop - 1, 0), 1].tolist() if len(self.points) else []
-        return [raw[a:b] if f < s else None for a, b, f, s in zip(starts, ends, first.tolist(), stop.tolist())]
+    def gather_stretches(self, first: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes of points ``first[i]:stop[i]`` for each i, one after another, and
+        Arrow's offsets for them (an empty stretch where ``first[i] >= stop[i]``)."""
+        spans = np.zeros((len(first), 2), np.int64)
+        if len(self.points):
+            present = first < stop
+            spans[present, 0] = self.points[first[present], 0]
+            spans[present, 1] = self.points[stop[present] - 1, 1]
+        return _gather(self.buf, spans)
 
     def points_bytes(self, rows: np.ndarray) -> bytes:
         """The length-prefixed bytes of the points at ``rows``, in that order."""

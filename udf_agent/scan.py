@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from udf_agent.codec import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError
+from udf_agent.table import GroupedPoints, group_points_by_key
 
 # Frame kinds.
 OTHER = 0  # any other Request: parsed by protobuf
@@ -205,27 +206,62 @@ def _same_groups(buf: Any, groups: Any, representative: Any) -> bool:
     return True
 
 
-def group_run(frames: bytes, points: np.ndarray, groups: np.ndarray) -> list[tuple[bytes, bytes, int]] | None:
-    """Points of a ``PointRun`` (``points`` and ``groups``: offsets into ``frames``) by group,
-    in order of first arrival: (group bytes, the group's points with their length varints in
-    arrival order, how many). None when grouping would not pay (nearly a group per point)
-    or two groups share a hash: the caller then takes the points one by one."""
+@njit(cache=True, nogil=True)
+def _first_invalid_utf8(buf: Any, spans: Any) -> int:
+    """The first span whose bytes are not valid UTF-8 (Python's rules), or -1; (-1, -1) is empty."""
+    for i in range(spans.shape[0]):
+        j, end = spans[i, 0], spans[i, 1]
+        while j < end:
+            lead = buf[j]
+            if lead < 0x80:
+                j += 1
+                continue
+            if 0xC2 <= lead <= 0xDF:
+                tail = 1
+            elif 0xE0 <= lead <= 0xEF:
+                tail = 2
+            elif 0xF0 <= lead <= 0xF4:
+                tail = 3
+            else:
+                return i
+            if j + tail >= end:
+                return i
+            second = buf[j + 1]
+            # Overlong forms, surrogates and code points above U+10FFFF.
+            if (lead == 0xE0 and second < 0xA0) or (lead == 0xED and second > 0x9F):
+                return i
+            if (lead == 0xF0 and second < 0x90) or (lead == 0xF4 and second > 0x8F):
+                return i
+            for k in range(1, tail + 1):
+                if buf[j + k] & 0xC0 != 0x80:
+                    return i
+            j += tail + 1
+    return -1
+
+
+def first_invalid_group(frames: bytes, groups: np.ndarray) -> int:
+    """The index of the first point whose group is not valid UTF-8, or -1."""
+    return int(_first_invalid_utf8(np.frombuffer(frames, dtype=np.uint8), groups))
+
+
+def group_points(frames: bytes, points: np.ndarray, groups: np.ndarray) -> GroupedPoints:
+    """Points (``points`` and ``groups``: offsets into ``frames``) by group, groups in order
+    of first arrival, each group's points in arrival order. Compiled but for one step per group."""
     buf = np.frombuffer(frames, dtype=np.uint8)
     hashes = _group_hashes(buf, groups)
     _, first, column = np.unique(hashes, return_index=True, return_inverse=True)
-    if len(first) * 4 > len(hashes) or not _same_groups(buf, groups, first[column]):
-        return None
-    order = np.argsort(column, kind="stable")
+    if not _same_groups(buf, groups, first[column]):
+        return group_points_by_key(frames, points, groups)  # two groups share a 64-bit hash
+    # Groups numbered by first arrival, then the points sorted by group, stably.
+    arrival = np.argsort(first, kind="stable")
+    rank = np.empty_like(arrival)
+    rank[arrival] = np.arange(len(arrival))
+    order = np.argsort(rank[column], kind="stable")
     data, offsets = _gather(buf, points[order])
-    counts = np.bincount(column, minlength=len(first))
+    counts = np.bincount(column, minlength=len(first))[arrival]
     bounds = offsets[np.concatenate(([0], np.cumsum(counts)))]
-    raw = data.tobytes()
-    grouped = []
-    for index in np.argsort(first, kind="stable").tolist():
-        start, end = groups[first[index]]
-        key = frames[start:end] if start >= 0 else b""
-        grouped.append((key, raw[bounds[index] : bounds[index + 1]], int(counts[index])))
-    return grouped
+    keys = [frames[start:end] if start >= 0 else b"" for start, end in groups[first[arrival]].tolist()]
+    return GroupedPoints(keys, data, bounds, counts)
 
 
 @dataclass
@@ -260,6 +296,9 @@ def scan(buffer: Any, limit: int, capacity: int) -> Frames:
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the scanner, so the first data read does not wait."""
     scan(bytearray(b"\x02\x0a\x00"), 1024, 4)  # a bytearray, as the reader's buffer is: one compiled signature
+    spans = np.array([[0, 1]], np.int64)
+    first_invalid_group(b"g", spans)
+    group_points(b"g", spans, spans)
 
 
 class FastFrameSplitter(FrameSplitter):

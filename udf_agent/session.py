@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -235,62 +234,31 @@ class Session:
             return refused
         if self.spec.passthrough:
             return [*self._close_pending(), Emit(run.frames)]
-        data = run.frames
-        spans = run.points.tolist()
         if self._open_batch is not None:
+            data = run.frames
             rows = self._open_batch.rows
-            for start, end in spans:
+            for start, end in run.points.tolist():
                 rows.append_prefixed(data[start:end])
             return []
         if self.spec.wants != "stream":
             return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
+        from udf_agent.scan import first_invalid_group
+
+        bad = first_invalid_group(run.frames, run.groups)
+        accepted = run.count if bad < 0 else bad
         events: list[Event] = []
         first = 0
-        while first < run.count:
+        while first < accepted:
             if self._pending is None:
                 self._pending = StreamMicroBatch(opened_at=now)
-            stop = min(run.count, first + self.max_batch_points - self._pending.count)
-            if not self._append_grouped(run.frames, run.points[first:stop], run.groups[first:stop]):
-                failure = self._append_one_by_one(run.frames, run.points[first:stop], run.groups[first:stop], frames_before + first)
-                if failure is not None:
-                    return [*events, *failure]
+            stop = min(accepted, first + self.max_batch_points - self._pending.count)
+            self._pending.append_run(run.frames, run.points[first:stop], run.groups[first:stop])
             if self._pending.count >= self.max_batch_points:
                 events.extend(self._close_pending())
             first = stop
+        if bad >= 0:
+            return [*events, *self.fail(f"frame {frames_before + bad + 1}: Point.group is not valid UTF-8")]
         return events
-
-    def _append_grouped(self, data: bytes, points: Any, groups: Any) -> bool:
-        """Adds points to the open micro-batch group by group; False if they need one by one."""
-        from udf_agent.scan import group_run
-
-        grouped = group_run(data, points, groups)
-        if grouped is None:
-            return False
-        try:
-            named = [(key.decode(), chunk, count) for key, chunk, count in grouped]
-        except UnicodeDecodeError:
-            return False  # one by one, to accept exactly the points before the bad one
-        pending = self._pending
-        for group, chunk, count in named:
-            pending.rows(group).append_prefixed(chunk, count)
-            pending.count += count
-        return True
-
-    def _append_one_by_one(self, data: bytes, points: Any, groups: Any, frames_before: int) -> list[Event] | None:
-        """Adds points to the open micro-batch in arrival order; the failure if a group is not UTF-8."""
-        names: dict[bytes, str] = {}
-        pending = self._pending
-        for number, ((start, end), (group_start, group_end)) in enumerate(zip(points.tolist(), groups.tolist()), frames_before + 1):
-            key = data[group_start:group_end]
-            group = names.get(key)
-            if group is None:
-                try:
-                    group = names[key] = key.decode()
-                except UnicodeDecodeError:
-                    return self.fail(f"frame {number}: Point.group is not valid UTF-8")
-            pending.rows(group).append_prefixed(data[start:end])
-            pending.count += 1
-        return None
 
     def _begin(self, begin: udf_pb2.BeginBatch) -> list[Event]:
         refused = self._require_init("a BeginBatch")

@@ -164,22 +164,87 @@ def column_prefix(column_name: str) -> str:
 
 
 class StreamMicroBatch:
-    """Stream points waiting to be computed, grouped by Kapacitor group id."""
+    """Stream points waiting to be computed, as they arrived: runs of frames, each with
+    its points' and groups' offsets (``codec.PointRun``). Grouping waits for ``grouped``,
+    once per micro-batch, on the compute thread: the reader only appends."""
 
     def __init__(self, opened_at: float):
         self.opened_at = opened_at
         self.count = 0
-        self.groups: dict[str, GroupRows] = {}
+        self._runs: list[tuple[bytes, Any, Any]] = []
+        self._compiled = True  # every run came from the compiled scanner
 
     def append(self, group: str, point: bytes) -> None:
-        self.rows(group).append(point)
-        self.count += 1
+        """One point from the reference path: a run of one, its group bytes after it."""
+        import numpy as np
 
-    def rows(self, group: str) -> GroupRows:
-        rows = self.groups.get(group)
-        if rows is None:
-            rows = self.groups[group] = GroupRows()
-        return rows
+        self._compiled = False
+        framed = encode_varint(len(point)) + point
+        key = group.encode()
+        self.append_run(framed + key, np.array([[0, len(framed)]]), np.array([[len(framed), len(framed) + len(key)]]))
+
+    def append_run(self, frames: bytes, points: Any, groups: Any) -> None:
+        """Points at ``points`` offsets of ``frames``, with their groups at ``groups`` ((-1, -1): none)."""
+        self._runs.append((frames, points, groups))
+        self.count += len(points)
+
+    def grouped(self) -> GroupedPoints:
+        """The points by group, groups in order of first arrival (group bytes were
+        checked to be UTF-8 when they arrived)."""
+        import numpy as np
+
+        if not self._runs:
+            return GroupedPoints([], np.zeros(0, np.uint8), np.zeros(1, np.int32), np.zeros(0, np.int64))
+        if len(self._runs) == 1:
+            frames, points, groups = self._runs[0]
+        else:
+            shifts = np.cumsum([0] + [len(run[0]) for run in self._runs[:-1]])
+            frames = b"".join(run[0] for run in self._runs)
+            points = np.concatenate([run[1] + shift for run, shift in zip(self._runs, shifts)])
+            groups = np.concatenate([np.where(run[2] >= 0, run[2] + shift, -1) for run, shift in zip(self._runs, shifts)])
+        if self._compiled:
+            from udf_agent.scan import group_points
+        else:  # the compiled code may not have loaded
+            group_points = group_points_by_key
+        return group_points(frames, points, groups)
+
+
+class GroupedPoints:
+    """A micro-batch's points by group: group ``i`` is ``keys[i]``, and its ``counts[i]``
+    points, length-prefixed and in arrival order, are ``data[bounds[i]:bounds[i + 1]]``."""
+
+    def __init__(self, keys: list[bytes], data: Any, bounds: Any, counts: Any):
+        self.keys = [key.decode() for key in keys]
+        self.data = data
+        self.bounds = bounds
+        self.counts = counts
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def points(self, index: int) -> bytes:
+        return self.data[self.bounds[index] : self.bounds[index + 1]].tobytes()
+
+    def arrow(self) -> Any:
+        """Every group's points as one Arrow binary array, without copying them."""
+        import numpy as np
+        import pyarrow as pa
+
+        offsets = np.ascontiguousarray(self.bounds, dtype=np.int32)
+        return pa.Array.from_buffers(pa.binary(), len(self.keys), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)])
+
+
+def group_points_by_key(frames: bytes, points: Any, groups: Any) -> GroupedPoints:
+    """``scan.group_points`` in plain Python, point by point."""
+    import numpy as np
+
+    chunks: dict[bytes, list[bytes]] = {}
+    for (start, end), (group_start, group_end) in zip(points.tolist(), groups.tolist()):
+        key = frames[group_start:group_end] if group_start >= 0 else b""
+        chunks.setdefault(key, []).append(frames[start:end])
+    data = [b"".join(parts) for parts in chunks.values()]
+    bounds = np.cumsum([0] + [len(d) for d in data], dtype=np.int64)
+    return GroupedPoints(list(chunks), np.frombuffer(b"".join(data), np.uint8), bounds, np.array([len(p) for p in chunks.values()]))
 
 
 class KapacitorBatch:
