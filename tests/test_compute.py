@@ -129,6 +129,8 @@ def test_moving_avg_is_exact_whatever_the_micro_batch_boundaries(engines):
     )
     points = driver.responses.wait_for("point", len(sent), timeout=300)
     assert harness.finish() == 0
+    # Out in the order the points came in, across groups too, as a per-point agent would.
+    assert [p.time for p in points] == [t for t, _, _ in sent]
     expected = {}
     for group, values in series.items():
         expected[group] = [float(np.mean(values[max(0, i - size + 1) : i + 1])) for i in range(len(values))]
@@ -406,3 +408,4 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
     expected[groups:] = (values[:-groups] + values[groups:]) / 2
     got = {p.time: p.fieldsDouble["avg"] for p in points}
     assert np.allclose([got[t] for t in range(len(values))], expected, rtol=1e-12, atol=0)
+    assert [p.time for p in points] == list(range(len(values)))  # arrival order across 10 k groups

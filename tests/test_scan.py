@@ -198,3 +198,20 @@ def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():
         assert (first_invalid_group(b"x" + sample + b"y", spans) == -1) == valid, sample
     # A point with no group, then a bad one: the index of the bad one.
     assert first_invalid_group(b"ok\xff", np.array([[-1, -1], [0, 2], [2, 3]])) == 2
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])
+def test_output_frames_go_back_in_arrival_order(compiled):
+    import numpy as np
+
+    from udf_agent.table import in_arrival_order
+
+    frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * (t % 7)))) for t in range(50)]
+    arrival = np.random.default_rng(3).permutation(50)
+    grouped_order = b"".join(frames[a] for a in arrival)  # frame j is the output of the point that arrived arrival[j]-th
+    data, ends = in_arrival_order(grouped_order, arrival, compiled)
+    assert data == b"".join(frames)
+    assert ends.tolist() == np.cumsum([len(f) for f in frames]).tolist()
+    # Not one whole frame per point: no reordering.
+    assert in_arrival_order(grouped_order[:-1], arrival, compiled) is None
+    assert in_arrival_order(grouped_order, arrival[:-1], compiled) is None

@@ -556,6 +556,7 @@ class Agent:
             self._job = Job(self.spec, self._options.raw())
         batch = item.batch
         window = self.spec.history_window(self._job.option_values()) if self.spec.wants == "stream" else None
+        grouped = None
         if self.spec.wants == "stream":
             grouped = batch.grouped()
             kept = [self._groups.get(group, (None, None)) for group in grouped.keys]
@@ -588,36 +589,47 @@ class Agent:
             self._computing = 0
         if self._abandoned:
             return
-        emitted = 0
-        # Groups' outputs go to the writer a stretch at a time: one hand-off per group
-        # costs more than the group with many small groups, and keepalive replies can
-        # still get ahead between stretches.
-        stretch: list[bytes] = []
-        stretch_size = 0
-        columns = (results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted"))
-        for key, output, history, state, error, count in zip(*columns):
-            if error is not None:
-                if stretch:
-                    self.writer.send(b"".join(stretch))
-                log.error("%s", error)
-                raise UDFError(_error_summary(error))
-            if output:
-                stretch.append(output)
-                stretch_size += len(output)
-                if stretch_size >= WRITE_CHUNK // 2:
-                    self.writer.send(b"".join(stretch))
-                    stretch, stretch_size = [], 0
+        keys, outputs, histories, states, errors, counts = (
+            results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
+        )
+        failed = next((i for i, error in enumerate(errors) if error is not None), len(keys))
+        for key, history, state in zip(keys[:failed], histories, states):
             if history is None and state is None:
                 self._groups.pop(key, None)
             else:
                 self._groups[key] = (history, state)
-            emitted += count
-        if stretch:
-            self.writer.send(b"".join(stretch))
+        self._send_output(outputs[:failed], grouped if failed == len(keys) else None, counts)
+        if failed < len(keys):
+            log.error("%s", errors[failed])
+            raise UDFError(_error_summary(errors[failed]))
+        emitted = sum(counts)
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
             batch.count, tasks.num_rows, emitted, time.monotonic() - started, engine.name,
         )
+
+    def _send_output(self, outputs: list[bytes | None], grouped: Any, counts: list[int]) -> None:
+        """Output frames to the writer, in input arrival order across groups when every group
+        gave one frame per new point (1:1 UDFs, as a per-point agent would), else group after
+        group. Handed over in pieces of whole frames, so keepalive replies get in between."""
+        import numpy as np
+
+        data = b"".join(output for output in outputs if output)
+        if not data:
+            return
+        ends = np.cumsum([len(output) for output in outputs if output])
+        if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
+            from udf_agent.table import in_arrival_order
+
+            arranged = in_arrival_order(data, grouped.arrival, compiled=self._fast_splitter is not None)
+            if arranged is not None:
+                data, ends = arranged
+        start, piece = 0, WRITE_CHUNK // 2
+        while start < len(data):
+            index = int(np.searchsorted(ends, start + piece, side="right")) - 1
+            stop = int(ends[index]) if index >= 0 and ends[index] > start else int(ends[np.searchsorted(ends, start, side="right")])
+            self.writer.send(data[start:stop])
+            start = stop
 
     def _snapshot(self) -> None:
         from udf_agent.snapshot import dump_snapshot

@@ -261,7 +261,15 @@ def group_points(frames: bytes, points: np.ndarray, groups: np.ndarray) -> Group
     counts = np.bincount(column, minlength=len(first))[arrival]
     bounds = offsets[np.concatenate(([0], np.cumsum(counts)))]
     keys = [frames[start:end] if start >= 0 else b"" for start, end in groups[first[arrival]].tolist()]
-    return GroupedPoints(keys, data, bounds, counts)
+    return GroupedPoints(keys, data, bounds, counts, order)
+
+
+def frame_ends(output: bytes) -> np.ndarray | None:
+    """Where each whole frame of ``output`` ends; None unless it is whole frames only."""
+    found = scan(output, max(len(output), 1), len(output) // 2 + 1)
+    if found.outcome != OK or found.consumed != len(output):
+        return None
+    return found.body_end
 
 
 @dataclass
@@ -299,6 +307,7 @@ def warm_up() -> None:
     spans = np.array([[0, 1]], np.int64)
     first_invalid_group(b"g", spans)
     group_points(b"g", spans, spans)
+    frame_ends(b"\x00")
 
 
 class FastFrameSplitter(FrameSplitter):

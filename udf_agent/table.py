@@ -194,7 +194,7 @@ class StreamMicroBatch:
         import numpy as np
 
         if not self._runs:
-            return GroupedPoints([], np.zeros(0, np.uint8), np.zeros(1, np.int32), np.zeros(0, np.int64))
+            return GroupedPoints([], np.zeros(0, np.uint8), np.zeros(1, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
         if len(self._runs) == 1:
             frames, points, groups = self._runs[0]
         else:
@@ -211,13 +211,15 @@ class StreamMicroBatch:
 
 class GroupedPoints:
     """A micro-batch's points by group: group ``i`` is ``keys[i]``, and its ``counts[i]``
-    points, length-prefixed and in arrival order, are ``data[bounds[i]:bounds[i + 1]]``."""
+    points, length-prefixed and in arrival order, are ``data[bounds[i]:bounds[i + 1]]``.
+    ``arrival[j]`` is when the j-th point so ordered arrived (0: first in the micro-batch)."""
 
-    def __init__(self, keys: list[bytes], data: Any, bounds: Any, counts: Any):
+    def __init__(self, keys: list[bytes], data: Any, bounds: Any, counts: Any, arrival: Any):
         self.keys = [key.decode() for key in keys]
         self.data = data
         self.bounds = bounds
         self.counts = counts
+        self.arrival = arrival
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -234,17 +236,58 @@ class GroupedPoints:
         return pa.Array.from_buffers(pa.binary(), len(self.keys), [None, pa.py_buffer(offsets), pa.py_buffer(self.data)])
 
 
+def in_arrival_order(output: bytes, arrival: Any, compiled: bool) -> tuple[bytes, Any] | None:
+    """Output frames, one per point in grouped order (``GroupedPoints.arrival``), put back in
+    the order the points arrived, with where each frame ends; None unless ``output`` holds
+    exactly one whole frame per point."""
+    import numpy as np
+
+    if compiled:
+        from udf_agent.scan import _gather, frame_ends
+
+        ends = frame_ends(output)
+    else:
+        ends = _frame_ends(output)
+    if ends is None or len(ends) != len(arrival):
+        return None
+    back = np.empty_like(arrival)
+    back[arrival] = np.arange(len(arrival))
+    starts = np.concatenate(([0], ends[:-1]))
+    if compiled:
+        data, offsets = _gather(np.frombuffer(output, dtype=np.uint8), np.stack([starts, ends], axis=1)[back])
+        return data.tobytes(), offsets[1:]
+    pieces = [output[starts[i] : ends[i]] for i in back.tolist()]
+    return b"".join(pieces), np.cumsum([len(piece) for piece in pieces])
+
+
+def _frame_ends(output: bytes) -> Any:
+    import numpy as np
+
+    from udf_agent.codec import read_varint
+
+    ends, pos = [], 0
+    while pos < len(output):
+        length, body = read_varint(output, pos)
+        pos = body + length
+        ends.append(pos)
+    return np.array(ends, np.int64) if pos == len(output) else None
+
+
 def group_points_by_key(frames: bytes, points: Any, groups: Any) -> GroupedPoints:
     """``scan.group_points`` in plain Python, point by point."""
     import numpy as np
 
     chunks: dict[bytes, list[bytes]] = {}
-    for (start, end), (group_start, group_end) in zip(points.tolist(), groups.tolist()):
+    arrivals: dict[bytes, list[int]] = {}
+    for number, ((start, end), (group_start, group_end)) in enumerate(zip(points.tolist(), groups.tolist())):
         key = frames[group_start:group_end] if group_start >= 0 else b""
         chunks.setdefault(key, []).append(frames[start:end])
+        arrivals.setdefault(key, []).append(number)
     data = [b"".join(parts) for parts in chunks.values()]
     bounds = np.cumsum([0] + [len(d) for d in data], dtype=np.int64)
-    return GroupedPoints(list(chunks), np.frombuffer(b"".join(data), np.uint8), bounds, np.array([len(p) for p in chunks.values()]))
+    arrival = np.array([n for numbers in arrivals.values() for n in numbers], np.int64)
+    counts = np.array([len(p) for p in chunks.values()])
+    return GroupedPoints(list(chunks), np.frombuffer(b"".join(data), np.uint8), bounds, counts, arrival)
 
 
 class KapacitorBatch:
