@@ -468,8 +468,12 @@ def run_paced(
     seconds: float,
     warmup_seconds: float,
     time_limit: float,
+    warm_log: str | None = None,
 ) -> RunResult:
-    """One point per write at ``rate`` points/s; latency from each write to its output point (matched by time)."""
+    """One point per write at ``rate`` points/s; latency from each write to its output point (matched by time).
+
+    With ``warm_log``, the paced points start only once the agent has logged a line containing it.
+    """
     warmup_points = 1 + int(rate * warmup_seconds)
     measured_points = int(rate * seconds)
     if workload.points < warmup_points + measured_points:
@@ -491,6 +495,10 @@ def run_paced(
         if not agent.wait_for(lambda: agent.tally.points >= 1, deadline):
             raise agent.failure("no output for the first point")
         result.first_output_s = (agent.tally.first_point_at or init_sent) - init_sent
+        if warm_log is not None:
+            if not agent.wait_for_log(warm_log, deadline):
+                raise agent.failure(f"no log line {warm_log!r}")
+            result.engine_ready_s = time.monotonic() - init_sent
         total = warmup_points + measured_points
         begin = time.monotonic()
         next_keepalive = begin + KEEPALIVE_INTERVAL

@@ -17,7 +17,7 @@ from udf_agent import udf_pb2
 
 REPO = Path(__file__).resolve().parent.parent
 PROTO = REPO / "proto" / "udf.proto"
-FALLBACK_REGEN = "python -m grpc_tools.protoc -Iproto --python_out=udf_agent proto/udf.proto"
+FALLBACK_REGEN = "python -m grpc_tools.protoc -Iproto --python_out=udf_agent --pyi_out=udf_agent proto/udf.proto"
 
 
 def documented_command() -> str | None:
@@ -50,7 +50,8 @@ def normalise(fdp: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDes
 
 
 @pytest.fixture(scope="module")
-def regenerated(tmp_path_factory):
+def protoc_output(tmp_path_factory):
+    """proto/udf.proto compiled afresh: its descriptor and its type stub."""
     out = tmp_path_factory.mktemp("protoc")
     desc = out / "udf.desc"
     proc = subprocess.run(
@@ -60,6 +61,7 @@ def regenerated(tmp_path_factory):
             "grpc_tools.protoc",
             "-Iproto",
             f"--python_out={out}",
+            f"--pyi_out={out}",
             f"--descriptor_set_out={desc}",
             "proto/udf.proto",
         ],
@@ -73,7 +75,12 @@ def regenerated(tmp_path_factory):
     assert (out / "udf_pb2.py").exists()
     files = descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes()).file
     assert len(files) == 1, [f.name for f in files]
-    return files[0]
+    return files[0], (out / "udf_pb2.pyi").read_text()
+
+
+@pytest.fixture(scope="module")
+def regenerated(protoc_output):
+    return protoc_output[0]
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +112,14 @@ def test_committed_module_matches_proto(regenerated, committed):
 def test_regeneration_command_is_documented_in_proto_header():
     command = documented_command()
     assert command is not None, "proto/udf.proto's header must say how to regenerate udf_pb2.py"
-    assert "--python_out=udf_agent" in command
+    assert "--python_out=udf_agent" in command and "--pyi_out=udf_agent" in command
     assert command.endswith("proto/udf.proto")
+
+
+def test_committed_type_stub_matches_proto(protoc_output):
+    # mypy (strict, in .ci/run) types every use of the messages from this stub.
+    committed_stub = (REPO / "udf_agent" / "udf_pb2.pyi").read_text()
+    assert committed_stub == protoc_output[1], f"udf_agent/udf_pb2.pyi is stale; regenerate it with:\n    {regeneration_command()}"
 
 
 def test_normalise_does_not_hide_real_changes(committed):

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointR
 from udf_agent.engine import Engines
 from udf_agent.guard import error_frame, keepalive_frame
 from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.table import StreamMicroBatch
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class Writer:
             with self._cond:
                 while not self._frames and not self._closing:
                     self._cond.wait()
-                frames, size = [], 0
+                frames: list[bytes] = []
+                size = 0
                 while self._frames and (not frames or size + len(self._frames[0]) <= WRITE_CHUNK):
                     frame = self._frames.popleft()
                     frames.append(frame)
@@ -361,7 +363,7 @@ class Agent:
             self._work.append(_Finish(self._stop_reason, code=0))
             self._cond.notify_all()
 
-    def _receive(self, pieces: list[Piece], frames_before: int) -> bool:
+    def _receive(self, pieces: Sequence[Piece], frames_before: int) -> bool:
         """Feeds one read's frames to the session under one lock; False once it has failed."""
         number = frames_before
         # In slices, so the compute thread is never kept waiting for the lock long.
@@ -402,6 +404,11 @@ class Agent:
             self.writer.send(keepalive_frame(request.keepalive.time), urgent=True)
         else:
             self._early.append(request)
+
+    def _loaded(self) -> tuple[UDFSpec, Session]:
+        """The UDF and its session, known before any work reaches the compute thread."""
+        assert self.spec is not None and self.session is not None
+        return self.spec, self.session
 
     def _session_ready(self) -> Session:
         """Waits (caller holds ``_cond``) until the spec is known."""
@@ -456,7 +463,7 @@ class Agent:
 
     def _start(self, event: Started) -> None:
         self._options = event.options
-        self.engines.warm_up(self.spec)
+        self.engines.warm_up(self._loaded()[0])
         threading.Thread(target=self._reply_when_loaded, args=(event.reply,), name="hot-path-load", daemon=True).start()
 
     def _reply_when_loaded(self, reply: bytes) -> None:
@@ -518,9 +525,10 @@ class Agent:
                 if self._abandoned:
                     return _Finish()
                 now = time.monotonic()
-                deadline = self.session.deadline()
+                _, session = self._loaded()
+                deadline = session.deadline()
                 if deadline is not None and (self.config.adaptive_flush or now >= deadline):
-                    self._dispatch(self.session.flush())
+                    self._dispatch(session.flush())
                     continue
                 # With nothing pending, a micro-batch opened from now on is due no
                 # earlier than one flush interval from now.
@@ -552,12 +560,13 @@ class Agent:
 
         from udf_agent.compute import TASK_SCHEMA, Job, tasks_from_rows
 
+        spec, _ = self._loaded()
         if self._job is None:
-            self._job = Job(self.spec, self._options.raw())
+            self._job = Job(spec, self._options.raw())
         batch = item.batch
-        window = self.spec.history_window(self._job.option_values()) if self.spec.wants == "stream" else None
+        window = spec.history_window(self._job.option_values()) if spec.wants == "stream" else None
         grouped = None
-        if self.spec.wants == "stream":
+        if isinstance(batch, StreamMicroBatch):
             grouped = batch.grouped()
             kept = [self._groups.get(group, (None, None)) for group in grouped.keys]
             count = len(grouped)
@@ -580,7 +589,7 @@ class Agent:
         started = time.monotonic()
         self._computing = batch.count
         try:
-            engine = self.engines.engine_for(self.spec, batch.count)
+            engine = self.engines.engine_for(spec, batch.count)
             results = engine.run(self._job, tasks)
         except Exception as exc:
             log.exception("compute engine failed")
@@ -634,16 +643,18 @@ class Agent:
     def _snapshot(self) -> None:
         from udf_agent.snapshot import dump_snapshot
 
-        data = dump_snapshot(self.spec.name, self._groups)
-        frame = self.session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
+        spec, session = self._loaded()
+        data = dump_snapshot(spec.name, self._groups)
+        frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
         if frame is not None:
             self.writer.send(frame)
 
     def _restore(self, data: bytes) -> None:
         from udf_agent.snapshot import SnapshotError, load_snapshot
 
+        spec, session = self._loaded()
         try:
-            groups = load_snapshot(self.spec.name, data)
+            groups = load_snapshot(spec.name, data)
         except SnapshotError as exc:
             log.error("restore refused: %s", exc)
             response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
@@ -651,7 +662,7 @@ class Agent:
             self._groups = groups
             log.info("restored state of %d group(s)", len(groups))
             response = udf_pb2.RestoreResponse(success=True)
-        frame = self.session.guard.reply(udf_pb2.Response(restore=response))
+        frame = session.guard.reply(udf_pb2.Response(restore=response))
         if frame is not None:
             self.writer.send(frame)
 

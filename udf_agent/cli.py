@@ -20,7 +20,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-class DurationType(click.ParamType):
+class DurationType(click.ParamType[float]):
     """A duration such as 500ms, 1s or 2m, in seconds."""
 
     name = "duration"
@@ -37,7 +37,7 @@ class DurationType(click.ParamType):
         return seconds
 
 
-class ConfType(click.ParamType):
+class ConfType(click.ParamType[tuple[str, str]]):
     name = "key=value"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:

@@ -27,7 +27,7 @@ class ProtocolError(Exception):
     same ``feed``: they were accepted and must still be acted on.
     """
 
-    def __init__(self, message: str, decoded: list | None = None):
+    def __init__(self, message: str, decoded: list[Any] | None = None):
         super().__init__(message)
         self.decoded = decoded or []
 
@@ -108,9 +108,10 @@ class FrameSplitter:
                 elif pos + 1 < size and buffer[pos + 1] < 0x80:
                     length, body_start = (first & 0x7F) | (buffer[pos + 1] << 7), pos + 2
                 else:
-                    length, body_start = self._read_length(buffer, pos, size)
-                    if length is None:
+                    read, body_start = self._read_length(buffer, pos, size)
+                    if read is None:
                         break
+                    length = read
                 if length > limit:
                     self._read_length(buffer, pos, size)  # raises the error that names the frame
                 body_end = body_start + length

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections import namedtuple
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -30,7 +29,20 @@ from udf_agent.options import OptionValues, duration_positions
 
 log = logging.getLogger(__name__)
 
-TASK_COLUMNS = ("seq", "key", "meta", "data", "history", "state")
+
+
+class Task(NamedTuple):
+    """One group's (or one Kapacitor batch's) work in a micro-batch."""
+
+    seq: int
+    key: str
+    meta: str  # JSON: the history window (stream) or the batch's name, tags, tmax, byName
+    data: bytes  # its new points, length-prefixed, as Kapacitor sent them
+    history: bytes | None  # its kept last points, the same way
+    state: str | None  # its UDF state, JSON
+
+
+TASK_COLUMNS = Task._fields
 RESULT_COLUMNS = ("seq", "key", "output", "history", "state", "error", "emitted")
 RESULT_DDL = "seq long, key string, output binary, history binary, state string, error string, emitted long"
 # A micro-batch's tasks reach an engine as an Arrow table of this schema.
@@ -45,7 +57,7 @@ RESULT_SCHEMA = pa.schema(
 )
 
 
-def tasks_from_rows(rows: list[tuple]) -> pa.Table:
+def tasks_from_rows(rows: list[tuple[Any, ...]]) -> pa.Table:
     """The task table of rows in ``TASK_COLUMNS`` order."""
     return pa.table({name: [row[i] for row in rows] for i, name in enumerate(TASK_COLUMNS)}, schema=TASK_SCHEMA)
 
@@ -74,9 +86,6 @@ def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataF
         yield compute_tasks(job, tasks).to_pandas()
 
 
-Task = namedtuple("Task", TASK_COLUMNS)
-
-
 def compute_tasks(job: Job, tasks: pa.Table) -> pa.Table:
     """Every engine's work: a table of ``TASK_SCHEMA`` in, one of ``RESULT_SCHEMA`` out, row for row."""
     rows = [Task(*values) for values in zip(*(tasks.column(name).to_pylist() for name in TASK_COLUMNS))]
@@ -85,7 +94,7 @@ def compute_tasks(job: Job, tasks: pa.Table) -> pa.Table:
     return results_from_rows([run_task(job, task) for task in rows])
 
 
-def results_from_rows(rows: list[tuple]) -> pa.Table:
+def results_from_rows(rows: list[tuple[Any, ...]]) -> pa.Table:
     """The result table of rows in ``RESULT_COLUMNS`` order."""
     return pa.table({name: [row[i] for row in rows] for i, name in enumerate(RESULT_COLUMNS)}, schema=RESULT_SCHEMA)
 
@@ -118,7 +127,7 @@ def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Tab
     ])
 
 
-def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict | None) -> tuple:
+def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> tuple[Any, ...]:
     """One group's call; ``data`` is its rows, from row ``first`` of the partition."""
     where = f"group {task.key!r}" if task.key else "the ungrouped data"
     try:
@@ -131,7 +140,7 @@ def _run_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers,
 
 
 def _run_vectorized(
-    job: Job, tasks: pa.Table, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict | None
+    job: Job, tasks: pa.Table, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
 ) -> pa.Table:
     """One call for every group of the partition; its per-row result is cut back into groups."""
     try:
@@ -163,7 +172,7 @@ def _binary(data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = No
     )
 
 
-def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict | None) -> pa.Array:
+def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> pa.Array:
     """``_keep_history`` for every group at once: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
     count = len(starts) - 1
     if not window:
@@ -208,7 +217,7 @@ def _call_vectorized(job: Job, rows: list[Task], data: pa.Table, headers: pointc
     return output, offsets, np.diff(cuts)
 
 
-def run_task(job: Job, task: Any) -> tuple:
+def run_task(job: Job, task: Any) -> tuple[Any, ...]:
     """One result row; a failure is reported in its ``error`` column, never raised into Spark."""
     meta = json.loads(task.meta)
     where = f"group {task.key!r}" if task.key else "the ungrouped data"
@@ -225,7 +234,7 @@ def run_task(job: Job, task: Any) -> tuple:
     return (task.seq, task.key, None, None, None, error, 0)
 
 
-def _run_stream_task(job: Job, task: Any, meta: dict) -> tuple[bytes, bytes | None, str | None, int]:
+def _run_stream_task(job: Job, task: Any, meta: dict[str, Any]) -> tuple[bytes, bytes | None, str | None, int]:
     # The kept history is the group's last points as received: decoded with the new ones.
     history = task.history or b""
     history_rows = pointcodec.count_points(history)
@@ -271,7 +280,7 @@ def _call_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers
     return output, len(points), _dump_state(ctx.state)
 
 
-def _run_batch_task(job: Job, task: Any, meta: dict) -> tuple[bytes, None, str | None, int]:
+def _run_batch_task(job: Job, task: Any, meta: dict[str, Any]) -> tuple[bytes, None, str | None, int]:
     data = pointcodec.decode_points(task.data)
     frame, layout = user_frame(data)
     ctx = Context(
@@ -303,11 +312,13 @@ def _tag_value(data: pa.Table, key: str, row: int) -> str | None:
     name = cols.TAG + key
     if name not in data.column_names:
         return None
-    return data.column(name)[row].as_py()
+    value: str | None = data.column(name)[row].as_py()
+    return value
 
 
-def _load_state(state: Any) -> dict:
-    return json.loads(state) if state else {}
+def _load_state(state: str | None) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(state) if state else {}
+    return loaded
 
 
 def _dump_state(state: Any) -> str | None:
@@ -321,7 +332,7 @@ def _dump_state(state: Any) -> str | None:
         raise TypeError(f"ctx.state must hold JSON values only (str, int, float, bool, None, lists, dicts): {exc}") from None
 
 
-def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, window: dict | None) -> bytes | None:
+def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, window: dict[str, int] | None) -> bytes | None:
     """The group's points to prepend to its next frame, as length-prefixed point bytes.
 
     ``times`` are the group's rows, row ``first`` on in ``headers``.
@@ -441,7 +452,8 @@ def output_points(
     def meta(name: str) -> list[Any]:
         if last < 0:
             return [None] * count
-        return data.column(name).take(pa.array(rows)).to_pylist()
+        values: list[Any] = data.column(name).take(pa.array(rows)).to_pylist()
+        return values
 
     names, databases, policies = meta(cols.NAME), meta(cols.DATABASE), meta(cols.RETENTION_POLICY)
     dims, by_names = meta(cols.DIMENSIONS), meta(cols.BY_NAME)
@@ -451,13 +463,13 @@ def output_points(
             if name.startswith(cols.TAG):
                 tag_values[name[len(cols.TAG) :]] = data.column(name).take(pa.array(rows)).to_pylist()
     else:
-        for key, value in ctx.tags.items():
-            tag_values[key] = [value] * count
+        for tag, value in ctx.tags.items():
+            tag_values[tag] = [value] * count
     fields: list[tuple[str, str, list[Any]]] = []
     for column in result.columns:
         if column == TIME_COLUMN:
             continue
-        key = layout.tag_columns.get(column)
+        key: str | None = layout.tag_columns.get(column)
         if key is None and isinstance(column, str) and column.startswith(TAG_COLUMN_PREFIX):
             key = column[len(TAG_COLUMN_PREFIX) :]
         name = TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else str(column)
@@ -537,7 +549,8 @@ def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:
             f"the result's index is named {INPUT_ROW!r} but holds labels that are not input rows "
             f"(0..{input_rows - 1}); keep the input's index, or build new rows with a 'time' column and a fresh index"
         )
-    return labels.astype(np.int64)
+    rows: np.ndarray = labels.astype(np.int64)
+    return rows
 
 
 def _times(series: pd.Series) -> np.ndarray:
@@ -545,9 +558,11 @@ def _times(series: pd.Series) -> np.ndarray:
         stamps = pd.DatetimeIndex(series)
         if stamps.tz is None:
             stamps = stamps.tz_localize("UTC")
-        return stamps.as_unit("ns").asi8
+        nanoseconds: np.ndarray = stamps.as_unit("ns").asi8
+        return nanoseconds
     if pd.api.types.is_integer_dtype(series.dtype):
-        return series.to_numpy(dtype=np.int64)
+        integers: np.ndarray = series.to_numpy(dtype=np.int64)
+        return integers
     raise TypeError(f"the 'time' column must hold timestamps or int64 nanoseconds, got {series.dtype}")
 
 

@@ -19,14 +19,14 @@ class Duration:
     """Marks an option of Kapacitor's DURATION type (a ``pandas.Timedelta`` for the UDF)."""
 
 
-_TYPE_TO_WIRE: dict[Any, int] = {
+_TYPE_TO_WIRE: dict[Any, udf_pb2.ValueType] = {
     bool: udf_pb2.BOOL,
     int: udf_pb2.INT,
     float: udf_pb2.DOUBLE,
     str: udf_pb2.STRING,
     Duration: udf_pb2.DURATION,
 }
-_WIRE_NAMES = {number: name for name, number in udf_pb2.ValueType.items()}
+_WIRE_NAMES: dict[int, str] = {number: name for name, number in udf_pb2.ValueType.items()}
 _VALUE_FIELD = {
     udf_pb2.BOOL: "boolValue",
     udf_pb2.INT: "intValue",
@@ -58,7 +58,7 @@ class Option:
     help: str = ""
     multiple: bool = False
     example: Any = None
-    value_types: tuple[int, ...] = field(init=False, repr=False)
+    value_types: tuple[udf_pb2.ValueType, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         types = tuple(self.type) if isinstance(self.type, (list, tuple)) else (self.type,)
@@ -122,7 +122,7 @@ class OptionValues(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"OptionValues({self._values!r})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (OptionValues, (self._values, self._durations))
 
 
@@ -219,6 +219,8 @@ def _option_value(spec: Option, option: udf_pb2.Option, problems: list[str]) -> 
 
 def _run_validator(spec: Option, value: Any) -> str | None:
     positions = duration_positions([spec]).get(spec.name)
+    if spec.validate is None:
+        return None
     try:
         verdict = spec.validate(_with_timedeltas(value, positions) if positions else value)
     except Exception as exc:  # a validator that raises is reporting a problem

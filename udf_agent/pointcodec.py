@@ -131,7 +131,7 @@ def _decode(
                     if wire_type == 1 and inner_field == 2:
                         if cursor + 8 > value_end:
                             return point
-                        bits = 0
+                        bits = np.int64(0)
                         for b in range(8):
                             bits |= np.int64(buf[cursor + b]) << (8 * b)
                         entry_number[entry] = bits

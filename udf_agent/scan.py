@@ -326,7 +326,7 @@ class FastFrameSplitter(FrameSplitter):
         fast.frames = splitter.frames
         return fast
 
-    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  (pieces, not only bodies)
+    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
         if data:
             self._buffer += data
         pieces: list[Piece] = []

@@ -213,9 +213,7 @@ class Session:
             group = point_group(point)
         except ProtocolError as exc:
             return self.fail(f"frame {frame_number}: {exc}" if frame_number else str(exc))
-        pending = self._pending
-        if pending is None:
-            pending = self._pending = StreamMicroBatch(opened_at=now)
+        pending = self._stream_batch(now)
         pending.append(group, point)
         if pending.count >= self.max_batch_points:
             return self._close_pending()
@@ -249,11 +247,10 @@ class Session:
         events: list[Event] = []
         first = 0
         while first < accepted:
-            if self._pending is None:
-                self._pending = StreamMicroBatch(opened_at=now)
-            stop = min(accepted, first + self.max_batch_points - self._pending.count)
-            self._pending.append_run(run.frames, run.points[first:stop], run.groups[first:stop])
-            if self._pending.count >= self.max_batch_points:
+            pending = self._stream_batch(now)
+            stop = min(accepted, first + self.max_batch_points - pending.count)
+            pending.append_run(run.frames, run.points[first:stop], run.groups[first:stop])
+            if pending.count >= self.max_batch_points:
                 events.extend(self._close_pending())
             first = stop
         if bad >= 0:
@@ -283,10 +280,18 @@ class Session:
         pending = self._pending
         if pending is None:
             pending = self._pending = BatchMicroBatch(opened_at=now)
+        assert isinstance(pending, BatchMicroBatch)  # a batch UDF's session holds batches only
         pending.add(batch)
         if pending.count >= self.max_batch_points:
             return self._close_pending()
         return []
+
+    def _stream_batch(self, now: float) -> StreamMicroBatch:
+        """The open micro-batch of a stream UDF's session, opened now if there is none."""
+        if self._pending is None:
+            self._pending = StreamMicroBatch(opened_at=now)
+        assert isinstance(self._pending, StreamMicroBatch)  # a stream UDF's session holds points only
+        return self._pending
 
     def _close_pending(self) -> list[Event]:
         pending, self._pending = self._pending, None

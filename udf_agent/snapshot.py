@@ -20,7 +20,8 @@ MAGIC = b"KUDFSNAP"
 VERSION = 2
 _HEADER = struct.Struct(">8sH32s")
 
-GroupState = tuple  # (history IPC bytes | None, state JSON | None)
+# A group's kept history (its last points, length-prefixed) and its UDF state (JSON).
+GroupState = tuple[bytes | None, str | None]
 
 
 class SnapshotError(ValueError):

@@ -66,7 +66,8 @@ def table_to_ipc(table: Any) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def ipc_to_table(data: bytes) -> Any:
@@ -225,7 +226,8 @@ class GroupedPoints:
         return len(self.keys)
 
     def points(self, index: int) -> bytes:
-        return self.data[self.bounds[index] : self.bounds[index + 1]].tobytes()
+        data: bytes = self.data[self.bounds[index] : self.bounds[index + 1]].tobytes()
+        return data
 
     def arrow(self) -> Any:
         """Every group's points as one Arrow binary array, without copying them."""

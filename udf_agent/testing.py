@@ -152,22 +152,26 @@ class _Driver:
     def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
         before = len(self.responses.of("info"))
         self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
-        return self.responses.wait_for("info", before + 1, timeout=timeout)[-1]
+        info: udf_pb2.InfoResponse = self.responses.wait_for("info", before + 1, timeout=timeout)[-1]
+        return info
 
     def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
         before = len(self.responses.of("init"))
         self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
-        return self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
+        init: udf_pb2.InitResponse = self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
+        return init
 
     def snapshot(self, timeout: float = 180) -> bytes:
         before = len(self.responses.of("snapshot"))
         self.send(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()))
-        return self.responses.wait_for("snapshot", before + 1, timeout=timeout)[-1].snapshot
+        snapshot: bytes = self.responses.wait_for("snapshot", before + 1, timeout=timeout)[-1].snapshot
+        return snapshot
 
     def restore(self, data: bytes, timeout: float = 180) -> udf_pb2.RestoreResponse:
         before = len(self.responses.of("restore"))
         self.send(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data)))
-        return self.responses.wait_for("restore", before + 1, timeout=timeout)[-1]
+        restore: udf_pb2.RestoreResponse = self.responses.wait_for("restore", before + 1, timeout=timeout)[-1]
+        return restore
 
     def keepalive(self, stamp: int) -> None:
         self.keepalive_sent[stamp] = time.monotonic()
@@ -214,21 +218,23 @@ class KapacitorDriver(_Driver):
             cwd=cwd,
             bufsize=0,
         )
+        assert self.process.stdin is not None and self.process.stdout is not None and self.process.stderr is not None
+        self._stdin, self._stderr_pipe = self.process.stdin, self.process.stderr
         self.responses = Responses(self.process.stdout)
         self.stderr = bytearray()
         self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_reader.start()
 
     def _drain_stderr(self) -> None:
-        for line in self.process.stderr:
+        for line in self._stderr_pipe:
             self.stderr += line
 
     def _write(self, data: bytes) -> None:
-        self.process.stdin.write(data)
+        self._stdin.write(data)
 
     def close(self, timeout: float = 180) -> int:
         """Closes the agent's stdin as Kapacitor does on stop, and waits for it to exit."""
-        self.process.stdin.close()
+        self._stdin.close()
         self.responses.closed.wait(timeout)
         return self.process.wait(timeout)
 
@@ -236,7 +242,7 @@ class KapacitorDriver(_Driver):
         """A task stop: Kapacitor stops reading the agent's output, closes its stdin and
         waits for it to exit (without limit; here ``timeout``)."""
         self.responses.stop_reading()
-        self.process.stdin.close()
+        self._stdin.close()
         return self.process.wait(timeout)
 
     def kill(self) -> None:
