@@ -409,3 +409,32 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
     got = {p.time: p.fieldsDouble["avg"] for p in points}
     assert np.allclose([got[t] for t in range(len(values))], expected, rtol=1e-12, atol=0)
     assert [p.time for p in points] == list(range(len(values)))  # arrival order across 10 k groups
+
+
+def test_moving_avg_turns_non_finite_and_missing_values_into_nan_and_never_fails():
+    nan, inf = float("nan"), float("inf")
+    # Per group, size 2: a NaN (or a point without the field, or a string) spoils the means
+    # of the windows it is in, then leaves.
+    series = {
+        "a": [1.0, nan, 3.0, 4.0, 5.0],
+        "b": [1.0, None, 3.0, 4.0, 5.0],  # None: the point has no field "v"
+        "c": [1.0, inf, 3.0, -inf, 5.0],
+        "d": [1.0, "x", 3.0, 4.0, 5.0],  # a string value
+    }
+    points = []
+    for group, values in series.items():
+        for t, value in enumerate(values):
+            point = udf_pb2.Point(time=t, name="m", group=group, dimensions=["g"], tags={"g": group})
+            if isinstance(value, str):
+                point.fieldsString["v"] = value
+            elif value is not None:
+                point.fieldsDouble["v"] = value
+            points.append(point)
+    results = LocalEngine().run(Job(moving_avg, {"field": "v", "size": 2, "as": "avg"}), stream_tasks(points, {"rows": 1})).to_pandas()
+    assert results["error"].isna().all(), results["error"].dropna().tolist()
+    got = {key: [r.point.fieldsDouble["avg"] for r in decode(output)] for key, output in zip(results["key"], results["output"])}
+    spoiled = [1.0, nan, nan, 3.5, 4.5]
+    assert got["a"] == pytest.approx(spoiled, nan_ok=True)
+    assert got["b"] == pytest.approx(spoiled, nan_ok=True)
+    assert got["d"] == pytest.approx(spoiled, nan_ok=True)
+    assert got["c"] == pytest.approx([1.0, inf, inf, -inf, -inf], nan_ok=True)

@@ -160,6 +160,21 @@ def test_init_default_option_is_filled_in():
     assert start.options["as"] == "avg"
 
 
+@pytest.mark.parametrize(
+    ("spec", "options", "named"),
+    [
+        (moving_avg, (option("field", ""), option("size", 3)), "'field'"),
+        (moving_avg, (option("field", "v"), option("size", 3), option("as", "")), "'as'"),
+        (moving_avg, (option("field", "v"), option("size", 3), option("as", "  ")), "'as'"),
+        (outliers, (option("field", ""),), "'field'"),
+    ],
+)
+def test_an_empty_name_is_refused_in_the_init_response(spec, options, named):
+    answer = reply_of(drive(session(spec), [init(*options)])[0], "init")
+    assert answer.success is False
+    assert named in answer.error and "must be a field name, got an empty string" in answer.error
+
+
 def test_init_failure_lists_every_problem_and_the_session_stays_usable():
     s = session()
     bad = init(option("size", 0), option("as", 5), option("bogus", "x"))  # 'field' is missing too

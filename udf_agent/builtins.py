@@ -16,6 +16,10 @@ def _at_least_one(value: float) -> Any:
     return value >= 1 or f"must be >= 1, got {value}"
 
 
+def _a_name(value: str) -> Any:
+    return value.strip() != "" or "must be a field name, got an empty string"
+
+
 def _echo(df: Any, ctx: Context) -> Any:
     """Echoes every point unchanged (never starts Spark)."""
     return df
@@ -27,26 +31,28 @@ mirror = UDFSpec(name="mirror", function=_echo, compute=False, passthrough=True,
 
 @stream_udf(
     options=[
-        Option("field", str, help="field to average", example="usage_user"),
+        Option("field", str, validate=_a_name, help="field to average", example="usage_user"),
         Option("size", int, validate=_positive, help="number of points in the window", example=10),
-        Option("as", str, default="avg", help="name of the output field"),
+        Option("as", str, default="avg", validate=_a_name, help="name of the output field"),
     ],
     history=lambda options: options["size"] - 1,
     vectorized=True,
 )
 def moving_avg(df: Any, ctx: Context) -> Any:
-    """Per group, the mean of the last `size` values of `field`, for every point."""
+    """Per group, the mean of the last `size` values of `field`, for every point.
+
+    A NaN in the window makes the mean NaN until it leaves the window; so does a point
+    without the field, or with a string in it. Never a task failure."""
     import numpy as np
     import pandas as pd
 
     options = ctx.options
     field, size = options["field"], options["size"]
     starts = ctx.group_starts
-    if field not in df or df[field].isna().any():
-        first_bad = 0 if field not in df else int(np.flatnonzero(df[field].isna().to_numpy())[0])
-        group = ctx.groups[int(np.searchsorted(starts, first_bad, side="right")) - 1]
-        raise KeyError(f"every point needs the numeric field {field!r}; some in group {group!r} lack it")
-    values = pd.to_numeric(df[field], errors="raise").to_numpy(dtype="float64")
+    if field in df:
+        values = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    else:
+        values = np.full(len(df), np.nan)
     # Every group at once: each row's place in its group bounds its window.
     rows = np.arange(len(values))
     place = rows - np.repeat(starts[:-1], np.diff(starts))
@@ -62,7 +68,7 @@ def moving_avg(df: Any, ctx: Context) -> Any:
 
 @batch_udf(
     options=[
-        Option("field", str, help="field to test", example="value"),
+        Option("field", str, validate=_a_name, help="field to test", example="value"),
         Option("scale", float, default=1.5, validate=_at_least_one, help="Tukey fence multiplier"),
     ]
 )

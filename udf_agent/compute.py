@@ -396,7 +396,8 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
     return frame, layout
 
 
-_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+# Sparse columns: pandas' nullable dtypes tell a missing value (NA) from a NaN.
+_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.float64(): pd.Float64Dtype(), pa.bool_(): pd.BooleanDtype()}
 
 
 def _to_pandas(column: pa.ChunkedArray) -> Any:
@@ -586,7 +587,7 @@ def _field_kind(column: Any, values: pd.Series) -> str:
 
 
 def _set_field(point: udf_pb2.Point, key: str, kind: str, value: Any) -> None:
-    if _missing(value):
+    if value is None or value is pd.NA:  # no value; a NaN is a value
         return
     if kind == "value":
         kind = _value_kind(key, value)

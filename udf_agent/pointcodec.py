@@ -279,7 +279,7 @@ def _entry_size(field: int, key_size: int, number: Any) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any, valid: Any) -> tuple[Any, Any]:
+def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any) -> tuple[Any, Any]:
     """Response frames: per row, the point's header bytes, its new fields, byName; and where each ends."""
     count = rows.shape[0]
     sizes = np.empty(count, np.int64)
@@ -288,8 +288,7 @@ def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: An
         row = rows[i]
         size = spans[row, 1] - spans[row, 0]
         for c in range(fields.shape[0]):
-            if valid[i, c]:
-                size += _entry_size(fields[c], key_offsets[c + 1] - key_offsets[c], numbers[i, c])
+            size += _entry_size(fields[c], key_offsets[c + 1] - key_offsets[c], numbers[i, c])
         if by_name[row]:
             size += 2
         sizes[i] = size
@@ -316,7 +315,7 @@ def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: An
                 pos += 2
             for c in range(fields.shape[0]):
                 field = fields[c]
-                if not valid[i, c] or (stage == 0) != (field == 8) or (stage == 1) != (field == 9) or (stage == 2) != (field == 12):
+                if (stage == 0) != (field == 8) or (stage == 1) != (field == 9) or (stage == 2) != (field == 12):
                     continue
                 key_size = key_offsets[c + 1] - key_offsets[c]
                 number = numbers[i, c]
@@ -346,14 +345,14 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
     with ``fields`` (name, one value per row) as its fields.
 
     Each output point is its input point's leading fields (time to tags) byte for
-    byte, then the new fields: the point the reference path builds. NaN leaves a
-    field out, as there. None when a column's type or a point's layout is not one
+    byte, then the new fields: the point the reference path builds. NaN and ±Inf are
+    written as values, as there. None when a column's type or a point's layout is not one
     this writes (a nullable or string column, a nameless point): the caller then
     builds the points one by one. With the frames comes where each one ends.
     """
     if len(rows) and ((headers.spans[rows, 1] < 0).any() or not headers.named[rows].all()):
         return None
-    kinds, keys, numbers, valid = [], [], [], []
+    kinds, keys, numbers = [], [], []
     for name, array in fields:
         kind = _ENCODED.get(array.dtype.kind)
         if kind is None:
@@ -363,17 +362,14 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
         if kind == _DOUBLES:
             array = array.astype(np.float64)
             numbers.append(array.view(np.int64))
-            valid.append(~np.isnan(array))
         else:
             numbers.append(array.astype(np.int64))
-            valid.append(np.ones(len(array), np.bool_))
     key_offsets = np.zeros(len(keys) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=key_offsets[1:])
     out, ends = _encode(
         headers.buf, headers.spans, headers.by_name, rows.astype(np.int64),
         np.array(kinds, np.int64), np.frombuffer(b"".join(keys), np.uint8), key_offsets,
         np.column_stack(numbers) if numbers else np.zeros((len(rows), 0), np.int64),
-        np.column_stack(valid) if valid else np.zeros((len(rows), 0), np.bool_),
     )
     return out.tobytes(), ends
 
