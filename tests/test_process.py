@@ -345,3 +345,26 @@ def test_the_console_script_runs_a_user_module_from_the_working_directory(tmp_pa
     finally:
         driver.kill()
     assert dict(point.fieldsDouble) == {"scaled": 6.0}
+
+
+def test_a_protocol_error_behind_a_slow_backlog_is_answered_within_two_seconds(drivers):
+    # 40 micro-batches of one point, 0.5 s each: 20 s of backlog when the garbage arrives.
+    driver = drivers(
+        "run", "tests.udfs.sample:slow_local", "--max-batch-points", "1", "--no-adaptive-flush", "--flush-interval", "1h",
+        cwd=ROOT,
+    )
+    assert driver.init(option("seconds", 0.5)).success
+    for t in range(40):
+        driver.point(time=t, name="m", group=f"g={t % 4}", dimensions=["g"], tags={"g": str(t % 4)}, fieldsDouble={"x": 1.0})
+    sent = time.monotonic()
+    driver.send_raw(b"\xff" * 11)  # a frame length beyond any limit
+    (error,) = driver.responses.wait_for("error", timeout=30)
+    answered = time.monotonic() - sent
+    assert "protocol error: frame 42" in error.error
+    assert answered < 2.0, answered
+    assert driver.process.wait(30) == 1
+    # What was computed by then came out first, in order; the rest is counted in the log.
+    times = [p.time for p in driver.responses.of("point")]
+    assert times == list(range(len(times))) and len(times) < 40
+    assert f"{40 - len(times)} accepted point(s) not computed" in driver.log()
+    assert "Traceback" not in driver.log()

@@ -78,6 +78,12 @@ class Connection(Protocol):
     def abort_read(self) -> None: ...
 
 
+# After a protocol error, accepted work gets this long before the ErrorResponse goes out
+# anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire
+# while a backlog is computed for a task that is failing.
+ERROR_REPLY_WITHIN = 1.5
+
+
 class Writer:
     """The single writer: frames in order, keepalive replies ahead of queued data.
 
@@ -116,6 +122,19 @@ class Writer:
             if last_frame is not None:
                 self._frames.append(last_frame)
             self._closing = True
+            self._cond.notify()
+
+    def fail_now(self, last_frame: bytes, deadline: float) -> None:
+        """Drops what is queued (counted as unwritten), then writes ``last_frame`` by
+        ``deadline`` after whatever write is under way, and closes the output."""
+        with self._cond:
+            if self._closing:
+                return
+            self._count_unwritten(list(self._frames), 0)
+            self._frames.clear()
+            self._frames.append(last_frame)
+            self._closing = True
+            self._deadline = deadline
             self._cond.notify()
 
     def drain_by(self, deadline: float) -> None:
@@ -215,6 +234,7 @@ class Agent:
         self._compute_done = threading.Event()
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
+        self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
@@ -249,36 +269,47 @@ class Agent:
         return self.exit_code
 
     def _wait_for_compute(self, compute: threading.Thread) -> int:
-        """Joins the compute thread, or abandons it at the drain deadline; the points left uncomputed."""
+        """Joins the compute thread, or abandons it at the drain deadline (or a protocol
+        error's reply deadline); the points left uncomputed."""
         while compute.is_alive():
-            deadline = self._drain_deadline
-            if deadline is None:
+            deadlines = [d for d in (self._drain_deadline, self._failure[1] if self._failure else None) if d is not None]
+            if not deadlines:
                 compute.join(0.1)
                 continue
-            remaining = deadline - time.monotonic()
+            remaining = min(deadlines) - time.monotonic()
             if remaining <= 0:
                 return self._abandon()
             compute.join(min(remaining, 0.1))
         return 0
 
     def _abandon(self) -> int:
-        """The drain deadline passed with work left: it is dropped, and the output closed."""
+        """A deadline passed with work left: it is dropped, and the output closed, after
+        the ErrorResponse of a protocol error if there was one."""
         with self._cond:
             self._abandoned = True
             not_computed = self._computing + self._points_waiting()
             self._work.clear()
             self._compute_done.set()
             self._cond.notify_all()
-        self.writer.close()
+        if self._failure is not None:
+            self.exit_code = 1
+            self.writer.fail_now(error_frame(self._failure[0]), time.monotonic() + self.config.drain_timeout)
+            self.connection.abort_read()
+        else:
+            self.writer.close()
         return not_computed
 
     def _report_drain(self, not_computed: int) -> None:
         frames, size = self.writer.unwritten_frames, self.writer.unwritten_bytes
         if not_computed or frames:
+            after = (
+                f"the protocol error (its ErrorResponse is due within {ERROR_REPLY_WITHIN:g} s)"
+                if self._failure is not None
+                else f"the end of input (drain timeout {self.config.drain_timeout:g} s)"
+            )
             log.warning(
-                "drain timeout (%g s) after the end of input: %d accepted point(s) not computed, "
-                "%d output frame(s) (%d bytes) not written; the rest was sent",
-                self.config.drain_timeout, not_computed, frames, size,
+                "after %s: %d accepted point(s) not computed, %d output frame(s) (%d bytes) not written; the rest was sent",
+                after, not_computed, frames, size,
             )
 
     def _adopt(self, spec: UDFSpec) -> None:
@@ -440,7 +471,10 @@ class Agent:
                 self._work.append(event)
             elif isinstance(event, Fail):
                 log.error("protocol error: %s", event.message)
-                self._work.append(_Finish(f"protocol error: {event.message}"))
+                message = f"protocol error: {event.message}"
+                if self._failure is None:
+                    self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
+                self._work.append(_Finish(message))
                 alive = False
         self._cond.notify_all()
         return alive
