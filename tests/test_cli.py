@@ -143,3 +143,10 @@ def test_an_unknown_dispatch_is_a_usage_error(runner):
 def test_a_negative_local_budget_is_a_usage_error(runner):
     result = runner.invoke(main, ["run", "mirror", "--local-max-points", "-1"])
     assert result.exit_code == 2 and "--local-max-points" in result.output
+
+
+def test_serve_help_documents_the_connection_limits(runner):
+    result = runner.invoke(main, ["serve", "--help"])
+    text = " ".join(result.output.split())
+    assert "--max-connections" in text and "[default: 64;" in text
+    assert "--init-timeout" in text and "[default: 60s]" in text

@@ -699,3 +699,53 @@ def test_moving_avg_over_socket_two_concurrent_connections(servers, drivers, soc
 def mean_at(driver: SocketDriver, group: str, when: int) -> float:
     (point,) = [p for p in driver.responses.of("point") if p.tags["group"] == group and p.time == when]
     return point.fieldsDouble["mean"]
+
+
+def _served(path: str, timeout: float = 10) -> SocketDriver:
+    """A connection that got its InfoResponse; retried while the server is still full
+    (the readiness probe's own session takes a moment to end)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        driver = SocketDriver.connect(path)
+        try:
+            assert driver.info(timeout=2).wants == udf_pb2.STREAM
+            return driver
+        except (AssertionError, OSError):
+            driver.sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_connections_beyond_the_limit_are_told_why_and_closed(servers, sock_dir):
+    path = os.path.join(sock_dir, "limited.sock")
+    server = servers.start(path, "mirror", "--max-connections", "2")
+    first, second = _served(path), _served(path)
+    assert second.responses.of("info")
+    third = SocketDriver.connect(path)
+    (error,) = third.responses.wait_for("error", timeout=10)
+    assert "too many connections (2 open, --max-connections 2)" in error.error
+    assert third.responses.closed.wait(10)
+    # Once a session ends, a new connection is served again.
+    first.close(timeout=30)
+    _served(path)
+    assert "refused a connection" in server.log()
+
+
+def test_a_connection_that_never_sends_init_is_closed_at_the_init_timeout(servers, sock_dir):
+    path = os.path.join(sock_dir, "idle.sock")
+    server = servers.start(path, "mirror", "--init-timeout", "1s")
+    idle = SocketDriver.connect(path)
+    started = time.monotonic()
+    assert idle.info().wants == udf_pb2.STREAM  # Info alone does not count
+    (error,) = idle.responses.wait_for("error", timeout=10)
+    assert "no Init within 1 s of connecting (--init-timeout)" in error.error
+    assert idle.responses.closed.wait(10) and time.monotonic() - started < 5
+    # A session that did send Init is not touched by the timeout.
+    busy = SocketDriver.connect(path)
+    assert busy.init().success
+    time.sleep(1.5)
+    busy.point(time=T0, name="m", fieldsDouble={"x": 1.0})
+    assert busy.responses.wait_for("point", 1, timeout=10)[0].time == T0
+    assert not busy.responses.of("error")
+    assert "sent no Init within 1 s" in server.log()

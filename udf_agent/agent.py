@@ -436,6 +436,11 @@ class Agent:
         else:
             self._early.append(request)
 
+    @property
+    def initialized(self) -> bool:
+        """Whether an InitRequest has been accepted."""
+        return self._options is not None
+
     def _loaded(self) -> tuple[UDFSpec, Session]:
         """The UDF and its session, known before any work reaches the compute thread."""
         assert self.spec is not None and self.session is not None

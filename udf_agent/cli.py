@@ -162,9 +162,11 @@ def run(target: str, master: str, confs: Any, log_level: str, **options: Any) ->
 @main.command()
 @click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on.")
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
+@click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions at most; a connection beyond gets an ErrorResponse saying so and is closed.")
+@click.option("--init-timeout", type=DurationType(), default="60s", show_default=True, help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.agent import Agent
     from udf_agent.logs import configure_logging
@@ -181,7 +183,14 @@ def serve(socket_path: str, socket_mode: str, target: str, master: str, confs: A
     engine_options, agent_options = _split_options(options)
     engines = _engines(master, confs, **engine_options)
     config = _agent_config(agent_options)
-    server = UnixSocketServer(socket_path, lambda connection: Agent(spec, connection, engines, config), mode=mode, drain_timeout=config.drain_timeout)
+    server = UnixSocketServer(
+        socket_path,
+        lambda connection: Agent(spec, connection, engines, config),
+        mode=mode,
+        drain_timeout=config.drain_timeout,
+        max_connections=max_connections,
+        init_timeout=init_timeout,
+    )
     try:
         server.bind()
     except SocketServerError as exc:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from udf_agent.agent import Agent, Deadline, WriteTimeout
+from udf_agent.guard import error_frame
 
 log = logging.getLogger(__name__)
 
@@ -179,10 +180,20 @@ class SocketServerError(Exception):
 class UnixSocketServer:
     """Serves one independent agent session per connection, many at once."""
 
-    def __init__(self, path: str, make_agent: Callable[[SocketConnection], Agent], mode: int = 0o660, drain_timeout: float = 5.0):
+    def __init__(
+        self,
+        path: str,
+        make_agent: Callable[[SocketConnection], Agent],
+        mode: int = 0o660,
+        drain_timeout: float = 5.0,
+        max_connections: int = 64,
+        init_timeout: float = 60.0,
+    ):
         self.path = os.path.abspath(path)
         self.mode = mode
         self.drain_timeout = drain_timeout
+        self.max_connections = max_connections
+        self.init_timeout = init_timeout
         self._stop_reason: str | None = None
         self._make_agent = make_agent
         self._listener: socket.socket | None = None
@@ -229,6 +240,11 @@ class UnixSocketServer:
                     log.warning("cannot accept a connection yet: %s", exc.strerror)
                     self._stopping.wait(0.1)
                     continue
+                with self._lock:
+                    open_sessions = len(self._sessions)
+                if open_sessions >= self.max_connections:
+                    self._refuse(conn, open_sessions)
+                    continue
                 conn.settimeout(None)
                 thread = threading.Thread(target=self._serve_connection, args=(conn,), name="session", daemon=True)
                 with self._lock:
@@ -243,23 +259,46 @@ class UnixSocketServer:
         self._stop_reason = reason
         self._stopping.set()
 
+    def _refuse(self, conn: socket.socket, open_sessions: int) -> None:
+        """Past --max-connections a connection gets an ErrorResponse saying so, and is closed."""
+        log.warning("refused a connection: %d session(s) open, the --max-connections limit", open_sessions)
+        conn.settimeout(1.0)
+        try:
+            conn.sendall(error_frame(f"udf-agent: too many connections ({open_sessions} open, --max-connections {self.max_connections}); try again later"))
+        except OSError:
+            pass  # the peer left already: nothing to tell it
+        finally:
+            conn.close()
+
     def _serve_connection(self, conn: socket.socket) -> None:
         connection = SocketConnection(conn)
         thread = threading.current_thread()
+        watchdog: threading.Timer | None = None
         try:
             agent = self._make_agent(connection)
             with self._lock:
                 self._sessions[thread] = agent
             if self._stopping.is_set():
                 agent.stop_reading(self._stop_reason)
+            watchdog = threading.Timer(self.init_timeout, self._require_init, args=(agent,))
+            watchdog.daemon = True
+            watchdog.start()
             code = agent.run()
             log.info("session ended (%s)", "ok" if code == 0 else "with an error")
         except Exception:
             log.exception("session failed")
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             connection.close()
             with self._lock:
                 self._sessions.pop(thread, None)
+
+    def _require_init(self, agent: Agent) -> None:
+        """A connection that never sent Init holds threads for nothing: it is closed."""
+        if not agent.initialized:
+            log.warning("closing a connection that sent no Init within %g s (--init-timeout)", self.init_timeout)
+            agent.stop_reading(f"udf-agent: no Init within {self.init_timeout:g} s of connecting (--init-timeout); closing the connection")
 
     def _close(self) -> None:
         if self._listener is not None:
