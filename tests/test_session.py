@@ -631,7 +631,7 @@ def test_a_point_run_is_sent_back_unchanged_after_init():
     s = session(mirror)
     drive(s, [init()])
     run = _run(point(1, "a"), point(2, "b"))
-    assert s.receive_point_run(run, 0.0) == [Emit(run.frames)]
+    assert s.receive_point_run(run, 0.0) == [Emit(run.frames, run.count)]
     assert s.pending_points() == 0
 
 

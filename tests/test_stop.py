@@ -177,3 +177,52 @@ def test_the_writer_drops_and_counts_what_the_peer_does_not_read_by_the_deadline
     assert len(got) + writer.unwritten_frames == len(frames)
     ours.close()
     theirs.close()
+
+
+def test_output_nobody_reads_stops_input_instead_of_growing_memory():
+    """Kapacitor stops reading stdout but keeps the task: the agent's queues stay bounded
+    (input stops being read), and once output is read again every point comes back."""
+    import threading
+
+    frame = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0)))
+    count = 2_000_000  # ~110 MB of input
+    with tempfile.TemporaryFile() as err:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "udf_agent", "run", "mirror", "--max-pending-points", "10000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+        )
+        try:
+            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest())))
+            agent.stdin.flush()
+            decoder = FrameDecoder(udf_pb2.Response)
+            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
+                pass  # the InitResponse
+            written = [0]
+
+            def feed() -> None:
+                data = memoryview(frame * count)
+                for start in range(0, len(data), 1 << 20):
+                    written[0] += agent.stdin.write(data[start : start + (1 << 20)]) or 0
+                agent.stdin.close()
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            # Nobody reads stdout: input must stop long before all of it is taken.
+            previous = -1
+            while written[0] != previous:
+                previous = written[0]
+                time.sleep(1.0)
+            with open(f"/proc/{agent.pid}/status") as status:
+                rss_mb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+            assert written[0] < 70 * 2**20, f"{written[0] / 2**20:.0f} MiB taken while output was not read"
+            assert rss_mb < 400, rss_mb
+            # Reading again: everything comes back, and the agent ends normally.
+            received = 0
+            while chunk := os.read(agent.stdout.fileno(), 1 << 20):
+                received += sum(1 for r in decoder.feed(chunk) if r.WhichOneof("message") == "point")
+            feeder.join(30)
+            assert received == count
+            assert agent.wait(30) == 0
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)

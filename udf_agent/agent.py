@@ -36,6 +36,9 @@ HOT_PATH_WAIT = 3.0
 # The most the writer hands to one write: a keepalive reply queued meanwhile waits
 # for no more than this (and the pipe's own buffer) to drain.
 WRITE_CHUNK = 256 * 1024
+# Output queued for a peer that reads slowly or not at all; past it, whoever sends data
+# waits (compute stops, then the reader: backpressure), so memory stays bounded.
+OUTPUT_QUEUE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -95,6 +98,7 @@ class Writer:
     def __init__(self, connection: Connection):
         self._connection = connection
         self._frames: deque[bytes] = deque()
+        self._queued = 0  # bytes in _frames
         self._cond = threading.Condition()
         self._closing = False
         self._deadline: float | None = None
@@ -105,14 +109,19 @@ class Writer:
         self._thread.start()
 
     def send(self, frame: bytes, urgent: bool = False) -> None:
+        """Queues ``frame``; data waits while the queue is full (``OUTPUT_QUEUE_BYTES``),
+        an urgent frame (a keepalive reply) never waits and goes first."""
         with self._cond:
+            while not urgent and self._queued >= OUTPUT_QUEUE_BYTES and not self._closing and self._deadline is None:
+                self._cond.wait(0.1)
             if self._closing:
                 return
             if urgent:
                 self._frames.appendleft(frame)
             else:
                 self._frames.append(frame)
-            self._cond.notify()
+            self._queued += len(frame)
+            self._cond.notify_all()
 
     def close(self, last_frame: bytes | None = None) -> None:
         """Writes what is queued (and ``last_frame``), then closes the output."""
@@ -121,8 +130,9 @@ class Writer:
                 return
             if last_frame is not None:
                 self._frames.append(last_frame)
+                self._queued += len(last_frame)
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
 
     def fail_now(self, last_frame: bytes, deadline: float) -> None:
         """Drops what is queued (counted as unwritten), then writes ``last_frame`` by
@@ -133,6 +143,7 @@ class Writer:
             self._count_unwritten(list(self._frames), 0)
             self._frames.clear()
             self._frames.append(last_frame)
+            self._queued = len(last_frame)
             self._closing = True
             self._deadline = deadline
             self._cond.notify()
@@ -142,7 +153,7 @@ class Writer:
         with self._cond:
             if self._deadline is None or deadline < self._deadline:
                 self._deadline = deadline
-            self._cond.notify()
+            self._cond.notify_all()
 
     def join(self) -> None:
         self._thread.join()
@@ -161,6 +172,8 @@ class Writer:
                     frame = self._frames.popleft()
                     frames.append(frame)
                     size += len(frame)
+                self._queued -= size
+                self._cond.notify_all()  # room for senders waiting on a full queue
                 done = self._closing and not self._frames
             try:
                 if frames:
@@ -179,6 +192,8 @@ class Writer:
                     if self._deadline is not None:
                         self._count_unwritten(list(self._frames), 0)
                     self._frames.clear()
+                    self._queued = 0
+                    self._cond.notify_all()
                 try:
                     self._connection.close_write()
                 except OSError:
@@ -497,7 +512,7 @@ class Agent:
                     self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
 
     def _points_waiting(self) -> int:
-        queued = sum(item.batch.count for item in self._work if isinstance(item, Compute))
+        queued = sum(item.batch.count if isinstance(item, Compute) else item.points for item in self._work if isinstance(item, (Compute, Emit)))
         return queued + (self.session.pending_points() if self.session is not None else 0)
 
     def _start(self, event: Started) -> None:

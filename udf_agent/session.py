@@ -37,6 +37,7 @@ class Emit:
     """Output data, in order with the output of the micro-batches before it."""
 
     frames: bytes
+    points: int = 1  # how many points it carries (they count against the pending budget)
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ class Session:
         if refused is not None:
             return refused
         if self.spec.passthrough:
-            return [*self._close_pending(), Emit(run.frames)]
+            return [*self._close_pending(), Emit(run.frames, run.count)]
         if self._open_batch is not None:
             data = run.frames
             rows = self._open_batch.rows
