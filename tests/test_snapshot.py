@@ -469,3 +469,22 @@ def test_micro_batches_are_computed_in_order_even_if_the_compute_thread_is_preem
     result = means(second, 14)
     finish_cleanly(second)
     assert result == pytest.approx({k: v for k, v in expected.items() if k[1] >= 5}, rel=1e-12)
+
+
+def test_a_snapshot_taken_with_other_options_is_refused_at_restore(engines, good_snapshot):
+    data, _ = good_snapshot
+    other = [o for o in OPTIONS if o.name != "size"] + [option("size", 3)]
+    agent = start(engines, options=other)
+    answer = agent.driver.restore(data)
+    assert answer.success is False
+    assert "snapshot was taken with options" in answer.error and '"size":3' in answer.error
+    finish_cleanly(agent)
+
+
+def test_the_options_fingerprint_ignores_order_and_snapshots_without_one_still_restore():
+    taken = dump_snapshot("moving_avg", GROUPS, {"size": 4, "field": "value", "as": "avg"})
+    assert load_snapshot("moving_avg", taken, {"as": "avg", "field": "value", "size": 4}) == GROUPS
+    with pytest.raises(SnapshotError, match='"field":"other"'):
+        load_snapshot("moving_avg", taken, {"as": "avg", "field": "other", "size": 4})
+    # An earlier agent's snapshot has no fingerprint: restored as before.
+    assert load_snapshot("moving_avg", dump_snapshot("moving_avg", GROUPS), {"size": 4}) == GROUPS

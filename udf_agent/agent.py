@@ -698,7 +698,7 @@ class Agent:
         from udf_agent.snapshot import dump_snapshot
 
         spec, session = self._loaded()
-        data = dump_snapshot(spec.name, self._groups)
+        data = dump_snapshot(spec.name, self._groups, self._options.raw())
         frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
         if frame is not None:
             self.writer.send(frame)
@@ -708,7 +708,7 @@ class Agent:
 
         spec, session = self._loaded()
         try:
-            groups = load_snapshot(spec.name, data)
+            groups = load_snapshot(spec.name, data, self._options.raw())
         except SnapshotError as exc:
             log.error("restore refused: %s", exc)
             response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")

@@ -12,7 +12,9 @@ as Arrow IPC and is refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
+from typing import Any
 
 from udf_agent.table import ipc_to_table, table_to_ipc
 
@@ -28,8 +30,17 @@ class SnapshotError(ValueError):
     """A snapshot that cannot be restored; nothing was changed."""
 
 
-def dump_snapshot(udf_name: str, groups: dict[str, GroupState]) -> bytes:
+def _fingerprint(options: dict[str, Any]) -> str:
+    """The options a snapshot's state was computed with, canonical JSON (durations in ns)."""
+    return json.dumps(options, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def dump_snapshot(udf_name: str, groups: dict[str, GroupState], options: dict[str, Any] | None = None) -> bytes:
     import pyarrow as pa
+
+    metadata = {"udf": udf_name}
+    if options is not None:
+        metadata["options"] = _fingerprint(options)
 
     table = pa.table(
         {
@@ -37,12 +48,15 @@ def dump_snapshot(udf_name: str, groups: dict[str, GroupState]) -> bytes:
             "history": pa.array([h for h, _ in groups.values()], pa.binary()),
             "state": pa.array([s for _, s in groups.values()], pa.string()),
         }
-    ).replace_schema_metadata({"udf": udf_name})
+    ).replace_schema_metadata(metadata)
     body = table_to_ipc(table)
     return _HEADER.pack(MAGIC, VERSION, hashlib.sha256(body).digest()) + body
 
 
-def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
+def load_snapshot(udf_name: str, data: bytes, options: dict[str, Any] | None = None) -> dict[str, GroupState]:
+    """The groups' state in ``data``; SnapshotError if it is not a snapshot of this UDF,
+    or (given ``options``) was taken with other options: a window of another size or
+    over another field would silently compute wrong results."""
     import pyarrow as pa
 
     if len(data) < _HEADER.size or not data.startswith(MAGIC):
@@ -67,6 +81,12 @@ def load_snapshot(udf_name: str, data: bytes) -> dict[str, GroupState]:
     owner = (table.schema.metadata or {}).get(b"udf", b"").decode(errors="replace")
     if owner != udf_name:
         raise SnapshotError(f"snapshot belongs to UDF {owner!r}, not {udf_name!r}")
+    taken_with = (table.schema.metadata or {}).get(b"options")
+    # Snapshots of earlier agents carry no options: restored as before.
+    if options is not None and taken_with is not None and taken_with.decode(errors="replace") != _fingerprint(options):
+        raise SnapshotError(
+            f"snapshot was taken with options {taken_with.decode(errors='replace')}, this task has {_fingerprint(options)}"
+        )
     groups = table.column("group").to_pylist()
     histories = table.column("history").to_pylist()
     states = table.column("state").to_pylist()
