@@ -438,3 +438,22 @@ def test_moving_avg_turns_non_finite_and_missing_values_into_nan_and_never_fails
     assert got["b"] == pytest.approx(spoiled, nan_ok=True)
     assert got["d"] == pytest.approx(spoiled, nan_ok=True)
     assert got["c"] == pytest.approx([1.0, inf, inf, -inf, -inf], nan_ok=True)
+
+
+def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
+    from udf_agent.engine import Engines
+
+    def feed(driver):
+        for t, group, value in ((1, "a", 10.0), (2, "b", 20.0), (3, "c", 30.0), (4, "a", 40.0), (5, "c", 60.0)):
+            driver.point(time=t, name="m", group=group, dimensions=["g"], tags={"g": group}, fieldsDouble={"v": value})
+
+    config = AgentConfig(flush_interval=0.01, max_batch_points=1, max_groups=2)
+    with caplog.at_level("WARNING", logger="udf_agent"):
+        harness, driver = run_agent(moving_avg, Engines(LocalEngine), (option("field", "v"), option("size", 2)), config, feed)
+        points = driver.responses.wait_for("point", 5, timeout=60)
+        assert harness.finish() == 0
+    means = {p.time: p.fieldsDouble["avg"] for p in points}
+    # 'a' was the least recently seen when 'c' came: it comes back without history.
+    # 'c' was seen more recently than 'b' when 'a' came back: it keeps its history.
+    assert means == {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0, 5: 45.0}
+    assert "--max-groups 2 reached" in caplog.text

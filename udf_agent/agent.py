@@ -9,6 +9,7 @@ Kapacitor's watchdog never fires. The writer is the only thread that writes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -49,6 +50,8 @@ class AgentConfig:
     # Points accepted but not yet computed before the reader stops reading:
     # enough to ride out Spark's start-up and slow micro-batches at full rate.
     max_pending_points: int = 500_000
+    # Groups whose history and state are kept; past it the least recently seen are dropped.
+    max_groups: int = 1_000_000
     # After input ends (EOF, SIGTERM) accepted work is computed and written for
     # at most this long: Kapacitor waits for the UDF's exit without limit.
     drain_timeout: float = 5.0
@@ -244,6 +247,7 @@ class Agent:
         self._options: Any = None
         self._job: Any = None
         self._groups: dict[str, tuple[bytes | None, str | None]] = {}
+        self._evicted = 0
         self._stop_reading = threading.Event()
         self._stop_reason: str | None = None
         self._compute_done = threading.Event()
@@ -656,11 +660,13 @@ class Agent:
             results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
         )
         failed = next((i for i, error in enumerate(errors) if error is not None), len(keys))
+        groups = self._groups
         for key, history, state in zip(keys[:failed], histories, states):
-            if history is None and state is None:
-                self._groups.pop(key, None)
-            else:
-                self._groups[key] = (history, state)
+            # Popped and inserted again: the dict's order is least recently seen first.
+            groups.pop(key, None)
+            if history is not None or state is not None:
+                groups[key] = (history, state)
+        self._evict_groups()
         self._send_output(outputs[:failed], grouped if failed == len(keys) else None, counts)
         if failed < len(keys):
             log.error("%s", errors[failed])
@@ -694,6 +700,20 @@ class Agent:
             self.writer.send(data[start:stop])
             start = stop
 
+    def _evict_groups(self) -> None:
+        """Past ``max_groups`` (group churn), the least recently seen groups' history and
+        state are dropped: such a group starts afresh if it comes back."""
+        excess = len(self._groups) - self.config.max_groups
+        if excess <= 0:
+            return
+        for key in list(itertools.islice(self._groups, excess)):
+            del self._groups[key]
+        self._evicted += excess
+        log.warning(
+            "--max-groups %d reached: dropped the kept history and state of the %d least recently seen group(s) (%d so far)",
+            self.config.max_groups, excess, self._evicted,
+        )
+
     def _snapshot(self) -> None:
         from udf_agent.snapshot import dump_snapshot
 
@@ -715,6 +735,7 @@ class Agent:
         else:
             self._groups = groups
             log.info("restored state of %d group(s)", len(groups))
+            self._evict_groups()
             response = udf_pb2.RestoreResponse(success=True)
         frame = session.guard.reply(udf_pb2.Response(restore=response))
         if frame is not None:

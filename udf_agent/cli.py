@@ -60,6 +60,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
+        click.option("--max-groups", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Groups whose history and state are kept; past it the least recently seen group's are dropped (logged), and it starts afresh if it comes back."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
         click.option("--adaptive-flush/--no-adaptive-flush", default=True, show_default=True, help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches)."),
         click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log."),
