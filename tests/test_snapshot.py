@@ -294,7 +294,7 @@ def test_dump_load_round_trip_of_no_groups():
 def test_snapshot_layout_is_magic_version_digest_body():
     data = dump_snapshot("moving_avg", GROUPS)
     magic, version, digest = struct.unpack_from(">8sH32s", data)
-    assert magic == b"KUDFSNAP" and version == snap.VERSION == 2
+    assert magic == b"KUDFSNAP" and version == snap.VERSION == 3
     assert digest == hashlib.sha256(data[42:]).digest()
 
 
@@ -315,7 +315,7 @@ def _body_without_group_column() -> bytes:
     import pyarrow as pa
 
     table = pa.table({"history": pa.array([b"x"], pa.binary())}).replace_schema_metadata({"udf": "moving_avg"})
-    return _with_valid_digest(_arrow_body(table))
+    return _with_valid_digest(_arrow_body(table), version=2)
 
 
 @pytest.mark.parametrize(
@@ -326,7 +326,7 @@ def _body_without_group_column() -> bytes:
         (lambda data: data[:41], "unknown header"),
         (lambda data: b"X" + data[1:], "unknown header"),
         (lambda data: os.urandom(len(data)), "unknown header"),
-        (lambda data: _version_changed(data), "version 3 is not supported (this agent reads version 2)"),
+        (lambda data: _version_changed(data), "version 4 is not supported (this agent reads versions 2 and 3)"),
         (lambda data: data[:8] + struct.pack(">H", 0) + data[10:], "version 0 is not supported"),
         (lambda data: _body_byte_flipped(data), "checksum mismatch"),
         (lambda data: data[:12] + bytes([data[12] ^ 0x80]) + data[13:], "checksum mismatch"),
@@ -368,7 +368,7 @@ def test_snapshot_without_owner_metadata_is_refused():
         {"group": pa.array(["a"], pa.string()), "history": pa.array([None], pa.binary()), "state": pa.array([None], pa.string())}
     )
     with pytest.raises(SnapshotError, match="belongs to UDF '', not 'moving_avg'"):
-        load_snapshot("moving_avg", _with_valid_digest(_arrow_body(table)))
+        load_snapshot("moving_avg", _with_valid_digest(_arrow_body(table), version=2))
 
 
 # ---- damaged snapshots, ordering under preemption ----
@@ -488,3 +488,66 @@ def test_the_options_fingerprint_ignores_order_and_snapshots_without_one_still_r
         load_snapshot("moving_avg", taken, {"as": "avg", "field": "other", "size": 4})
     # An earlier agent's snapshot has no fingerprint: restored as before.
     assert load_snapshot("moving_avg", dump_snapshot("moving_avg", GROUPS), {"size": 4}) == GROUPS
+
+
+def _version_2(groups, udf="moving_avg", compression=None) -> bytes:
+    """A snapshot as earlier agents wrote it: the body an Arrow IPC stream."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "group": pa.array(list(groups), pa.string()),
+            "history": pa.array([h for h, _ in groups.values()], pa.binary()),
+            "state": pa.array([s for _, s in groups.values()], pa.string()),
+        }
+    ).replace_schema_metadata({"udf": udf})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_table(table)
+    return _with_valid_digest(sink.getvalue().to_pybytes(), version=2)
+
+
+def test_a_snapshot_of_an_earlier_agent_still_restores():
+    assert load_snapshot("moving_avg", _version_2(GROUPS)) == GROUPS
+
+
+def test_a_compressed_arrow_snapshot_is_refused_before_it_is_decompressed():
+    # A few KB that would expand to 1 GB: refused from the stream's metadata alone.
+    bomb = {"group=a": (b"\x00" * 2**30, None)}
+    import pyarrow as pa
+
+    before = pa.total_allocated_bytes()
+    data = _version_2(bomb, compression="zstd")
+    del bomb
+    assert len(data) < 2**20
+    with pytest.raises(SnapshotError, match="record batches are compressed"):
+        load_snapshot("moving_avg", data)
+    assert pa.total_allocated_bytes() - before < 2**26
+
+
+def test_a_snapshot_claiming_more_than_the_limit_is_refused_before_decompressing():
+    body = struct.pack(">Q", snap.MAX_RECORDS_BYTES + 1) + b"\x28\xb5\x2f\xfd" + b"\x00" * 16
+    with pytest.raises(SnapshotError, match="above the .*-byte limit"):
+        load_snapshot("moving_avg", _with_valid_digest(body))
+
+
+def test_a_hundred_thousand_groups_of_moving_avg_size_10_snapshot_fast_and_small(report):
+    # Each group keeps its last 9 points, as a running moving_avg size 10 does.
+    from udf_agent.codec import encode_varint
+
+    groups = {}
+    for g in range(100_000):
+        points = b"".join(
+            encode_varint(len(p)) + p
+            for p in (grouped_point(1_700_000_000 * SEC + t * SEC, f"host{g:06d}", float(g * 10 + t)).SerializeToString() for t in range(9))
+        )
+        groups[f"host=host{g:06d}"] = (points, None)
+    started = time.monotonic()
+    data = dump_snapshot("moving_avg", groups, {"field": "value", "size": 10, "as": "avg"})
+    dumped = time.monotonic() - started
+    started = time.monotonic()
+    assert load_snapshot("moving_avg", data, {"field": "value", "size": 10, "as": "avg"}) == groups
+    loaded = time.monotonic() - started
+    report(f"snapshot of 100 k groups x 9 points: {len(data) / 2**20:.1f} MiB, dump {dumped:.2f} s, restore {loaded:.2f} s")
+    assert len(data) < 64 * 2**20  # fits Kapacitor's frame and our --max-frame-size default
+    assert dumped + loaded < 10
