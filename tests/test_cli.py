@@ -150,3 +150,22 @@ def test_serve_help_documents_the_connection_limits(runner):
     text = " ".join(result.output.split())
     assert "--max-connections" in text and "[default: 64;" in text
     assert "--init-timeout" in text and "[default: 60s]" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("bogus", "is not one of fail, skip, dead-letter:DIR"), ("dead-letter:", "needs a directory"), ("dead-letter", "is not one of")],
+)
+def test_a_bad_error_policy_is_a_usage_error(runner, value, message):
+    result = runner.invoke(main, ["run", "mirror", "--on-error", value])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_the_dead_letter_directory_is_created_and_reaches_the_agent(tmp_path):
+    from udf_agent.cli import ErrorPolicyType, _agent_config
+
+    directory = tmp_path / "letters" / "new"
+    policy = ErrorPolicyType().convert(f"dead-letter:{directory}", None, None)
+    assert directory.is_dir()
+    config = _agent_config({"on_error": policy})
+    assert (config.on_error, config.dead_letter_dir) == ("dead-letter", str(directory))

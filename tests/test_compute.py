@@ -457,3 +457,31 @@ def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
     # 'c' was seen more recently than 'b' when 'a' came back: it keeps its history.
     assert means == {1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0, 5: 45.0}
     assert "--max-groups 2 reached" in caplog.text
+
+
+@pytest.mark.parametrize("policy", ["skip", "dead-letter"])
+def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, tmp_path, caplog):
+    from udf_agent.engine import Engines
+
+    def feed(driver):
+        for t in range(6):
+            group = "ab"[t % 2]
+            driver.point(time=t, name="cpu", group=f"host={group}", dimensions=["host"], tags={"host": group}, fieldsDouble={"v": t + 0.5})
+
+    config = AgentConfig(flush_interval=0.01, max_batch_points=2, on_error=policy, dead_letter_dir=str(tmp_path) if policy == "dead-letter" else None)
+    with caplog.at_level("ERROR", logger="udf_agent"):
+        harness, driver = run_agent(sample.fails_on, Engines(LocalEngine), (option("group", "host=b"),), config, feed)
+        points = driver.responses.wait_for("point", 3, timeout=60)
+        assert harness.finish() == 0
+    assert [p.time for p in points] == [0, 2, 4]  # group a, all of it
+    assert not driver.responses.of("error")
+    assert "UDF failure set aside (--on-error " + policy in caplog.text and "boom on host=b" in caplog.text
+    letters = sorted(tmp_path.iterdir())
+    if policy == "skip":
+        assert letters == []
+        return
+    written = "".join(path.read_text() for path in letters)
+    assert "# udf-agent dead letter: UDF 'fails_on'" in written and "ValueError: boom on host=b" in written
+    assert [line for line in written.splitlines() if not line.startswith("#")] == [
+        f"cpu,host=b v={t + 0.5} {t}" for t in (1, 3, 5)
+    ]

@@ -551,3 +551,13 @@ def test_a_hundred_thousand_groups_of_moving_avg_size_10_snapshot_fast_and_small
     report(f"snapshot of 100 k groups x 9 points: {len(data) / 2**20:.1f} MiB, dump {dumped:.2f} s, restore {loaded:.2f} s")
     assert len(data) < 64 * 2**20  # fits Kapacitor's frame and our --max-frame-size default
     assert dumped + loaded < 10
+
+
+def test_a_restore_after_a_refused_init_is_answered(engines, good_snapshot):
+    # Kapacitor sends Restore even when Init failed: it must get a RestoreResponse.
+    agent = InProcessAgent(moving_avg, engines, QUICK)
+    assert not agent.driver.init(option("size", 0)).success
+    answer = agent.driver.restore(b"junk")
+    assert answer.success is False and "not a udf-agent snapshot" in answer.error
+    assert agent.driver.restore(good_snapshot[0]).success
+    finish_cleanly(agent)

@@ -52,6 +52,10 @@ class AgentConfig:
     max_pending_points: int = 500_000
     # Groups whose history and state are kept; past it the least recently seen are dropped.
     max_groups: int = 1_000_000
+    # What a failing UDF call does: "fail" the task (Kapacitor's convention), "skip" the
+    # failed groups' points (logged and counted), or "dead-letter" them into dead_letter_dir.
+    on_error: str = "fail"
+    dead_letter_dir: str | None = None
     # After input ends (EOF, SIGTERM) accepted work is computed and written for
     # at most this long: Kapacitor waits for the UDF's exit without limit.
     drain_timeout: float = 5.0
@@ -248,6 +252,7 @@ class Agent:
         self._job: Any = None
         self._groups: dict[str, tuple[bytes | None, str | None]] = {}
         self._evicted = 0
+        self._skipped = 0
         self._stop_reading = threading.Event()
         self._stop_reason: str | None = None
         self._compute_done = threading.Event()
@@ -651,7 +656,11 @@ class Agent:
             results = engine.run(self._job, tasks)
         except Exception as exc:
             log.exception("compute engine failed")
-            raise UDFError(f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}") from exc
+            message = f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}"
+            if self.config.on_error == "fail":
+                raise UDFError(message) from exc
+            self._set_aside(spec.name, message, tasks.column("data").to_pylist(), batch.count)
+            return
         finally:
             self._computing = 0
         if self._abandoned:
@@ -660,8 +669,20 @@ class Agent:
             results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
         )
         failed = next((i for i, error in enumerate(errors) if error is not None), len(keys))
+        if failed < len(keys) and self.config.on_error != "fail":
+            # The failed groups are set aside; the others go on as if nothing happened.
+            bad = [i for i, error in enumerate(errors) if error is not None]
+            data = tasks.column("data").to_pylist()
+            points = [int(grouped.counts[i]) for i in bad] if grouped is not None else [_count_points(data[i]) for i in bad]
+            more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
+            self._set_aside(spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], sum(points), errors[bad[0]] + more)
+            outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
+            failed = len(keys)
+            grouped = None  # not one frame per point any more: group after group
         groups = self._groups
-        for key, history, state in zip(keys[:failed], histories, states):
+        for key, history, state, error in zip(keys[:failed], histories, states, errors):
+            if error is not None:
+                continue  # a set-aside group keeps what it had
             # Popped and inserted again: the dict's order is least recently seen first.
             groups.pop(key, None)
             if history is not None or state is not None:
@@ -700,6 +721,19 @@ class Agent:
             self.writer.send(data[start:stop])
             start = stop
 
+    def _set_aside(self, udf_name: str, summary: str, points: list[bytes], count: int, detail: str | None = None) -> None:
+        """``--on-error skip`` or ``dead-letter``: failed input is logged and counted (and written out)."""
+        self._skipped += count
+        where = ""
+        if self.config.on_error == "dead-letter" and self.config.dead_letter_dir is not None:
+            from udf_agent.deadletter import write_dead_letter
+
+            try:
+                where = f"; written to {write_dead_letter(self.config.dead_letter_dir, udf_name, detail or summary, points)}"
+            except OSError as exc:
+                where = f"; the dead letter could not be written: {exc}"
+        log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self._skipped, summary, where)
+
     def _evict_groups(self) -> None:
         """Past ``max_groups`` (group churn), the least recently seen groups' history and
         state are dropped: such a group starts afresh if it comes back."""
@@ -714,11 +748,16 @@ class Agent:
             self.config.max_groups, excess, self._evicted,
         )
 
+    def _options_fingerprint(self) -> dict[str, Any] | None:
+        """The options snapshots are checked against; None before a successful Init
+        (Kapacitor may send Restore after a refused Init)."""
+        return self._options.raw() if self._options is not None else None
+
     def _snapshot(self) -> None:
         from udf_agent.snapshot import dump_snapshot
 
         spec, session = self._loaded()
-        data = dump_snapshot(spec.name, self._groups, self._options.raw())
+        data = dump_snapshot(spec.name, self._groups, self._options_fingerprint())
         frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
         if frame is not None:
             self.writer.send(frame)
@@ -728,7 +767,7 @@ class Agent:
 
         spec, session = self._loaded()
         try:
-            groups = load_snapshot(spec.name, data, self._options.raw())
+            groups = load_snapshot(spec.name, data, self._options_fingerprint())
         except SnapshotError as exc:
             log.error("restore refused: %s", exc)
             response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
@@ -740,6 +779,18 @@ class Agent:
         frame = session.guard.reply(udf_pb2.Response(restore=response))
         if frame is not None:
             self.writer.send(frame)
+
+
+def _count_points(data: bytes) -> int:
+    """How many length-prefixed points ``data`` holds (set-aside input: rare, not hot)."""
+    from udf_agent.codec import read_varint
+
+    count = position = 0
+    while position < len(data):
+        length, position = read_varint(data, position)
+        position += length
+        count += 1
+    return count
 
 
 def _first_line(exc: BaseException) -> str:

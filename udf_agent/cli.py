@@ -37,6 +37,30 @@ class DurationType(click.ParamType[float]):
         return seconds
 
 
+class ErrorPolicyType(click.ParamType[tuple[str, "str | None"]]):
+    """fail | skip | dead-letter:DIR, as (policy, directory); the directory is created if needed."""
+
+    name = "fail|skip|dead-letter:DIR"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str | None]:
+        if isinstance(value, tuple):
+            return value
+        if value in ("fail", "skip"):
+            return value, None
+        policy, sep, directory = value.partition(":")
+        if policy != "dead-letter" or not sep:
+            self.fail(f"{value!r} is not one of fail, skip, dead-letter:DIR", param, ctx)
+        if not directory.strip():
+            self.fail("dead-letter needs a directory: dead-letter:DIR", param, ctx)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            self.fail(f"cannot create the dead-letter directory {directory!r}: {exc.strerror}", param, ctx)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            self.fail(f"the dead-letter directory {directory!r} is not writable", param, ctx)
+        return "dead-letter", os.path.abspath(directory)
+
+
 class ConfType(click.ParamType[tuple[str, str]]):
     name = "key=value"
 
@@ -60,6 +84,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
         click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input stops being read."),
+        click.option("--on-error", "on_error", type=ErrorPolicyType(), default="fail", show_default=True, help="When the UDF fails on a group (or a micro-batch): 'fail' ends the task with an ErrorResponse (Kapacitor's convention); 'skip' drops those points, logged and counted, and goes on; 'dead-letter:DIR' also writes them to a new file in DIR as line protocol headed by the error."),
         click.option("--max-groups", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Groups whose history and state are kept; past it the least recently seen group's are dropped (logged), and it starts afresh if it comes back."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
         click.option("--adaptive-flush/--no-adaptive-flush", default=True, show_default=True, help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches)."),
@@ -109,7 +134,8 @@ def _agent_config(agent_options: dict[str, Any]) -> Any:
     """The AgentConfig from the command-line options named after its fields."""
     from udf_agent.agent import AgentConfig
 
-    return AgentConfig(**agent_options)
+    policy, directory = agent_options.pop("on_error")
+    return AgentConfig(**agent_options, on_error=policy, dead_letter_dir=directory)
 
 
 def _on_stop_signals(stop: Any) -> None:

@@ -155,3 +155,11 @@ def dies_outside(df, ctx):
     if os.getpid() != ctx.options["spare_pid"]:
         os._exit(1)
     return df
+
+
+@stream_udf(options=[Option("group", str)])
+def fails_on(df, ctx):
+    """Echoes every group but one, on which it raises."""
+    if ctx.group == ctx.options["group"]:
+        raise ValueError(f"boom on {ctx.group}")
+    return df
