@@ -226,3 +226,38 @@ def test_output_nobody_reads_stops_input_instead_of_growing_memory():
         finally:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
+
+
+def test_sigterm_while_the_output_queue_is_full_exits_within_the_drain_timeout():
+    import threading
+
+    frame = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0)))
+    with tempfile.TemporaryFile() as err:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "udf_agent", "run", "mirror", "--max-pending-points", "10000", "--drain-timeout", "1s"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+        )
+        try:
+            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest())))
+            agent.stdin.flush()
+            decoder = FrameDecoder(udf_pb2.Response)
+            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
+                pass
+
+            def feed() -> None:
+                try:
+                    agent.stdin.write(frame * 2_000_000)
+                except (BrokenPipeError, ValueError):
+                    pass  # the agent is gone: what the test wants
+
+            threading.Thread(target=feed, daemon=True).start()
+            time.sleep(3.0)  # output unread: the queue fills, compute and then the reader wait
+            started = time.monotonic()
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=15) == 0
+            assert time.monotonic() - started < 4.0
+            err.seek(0)
+            assert "not written" in err.read().decode()
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)

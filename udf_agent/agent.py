@@ -115,11 +115,12 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
         self._thread.start()
 
-    def send(self, frame: bytes, urgent: bool = False) -> None:
-        """Queues ``frame``; data waits while the queue is full (``OUTPUT_QUEUE_BYTES``),
-        an urgent frame (a keepalive reply) never waits and goes first."""
+    def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
+        """Queues ``frame``; with ``wait``, data waits while the queue is full
+        (``OUTPUT_QUEUE_BYTES``). An urgent frame (a keepalive reply) never waits and goes
+        first; replies sent by a thread that holds the agent's lock pass ``wait=False``."""
         with self._cond:
-            while not urgent and self._queued >= OUTPUT_QUEUE_BYTES and not self._closing and self._deadline is None:
+            while wait and not urgent and self._queued >= OUTPUT_QUEUE_BYTES and not self._closing and self._deadline is None:
                 self._cond.wait(0.1)
             if self._closing:
                 return
@@ -140,6 +141,11 @@ class Writer:
                 self._queued += len(last_frame)
             self._closing = True
             self._cond.notify_all()
+
+    def full(self) -> bool:
+        """Whether data sent now would wait (``send``'s ``wait``)."""
+        with self._cond:
+            return self._queued >= OUTPUT_QUEUE_BYTES
 
     def fail_now(self, last_frame: bytes, deadline: float) -> None:
         """Drops what is queued (counted as unwritten), then writes ``last_frame`` by
@@ -486,14 +492,16 @@ class Agent:
         if not events:
             return alive
         for event in events:
+            # The caller holds the agent's lock: nothing here may wait on the writer.
             if isinstance(event, Send):
-                self.writer.send(event.frame, urgent=event.urgent)
+                self.writer.send(event.frame, urgent=event.urgent, wait=False)
             elif isinstance(event, Emit):
-                # Behind the output of micro-batches still being computed, else straight out.
-                if self._work or self._compute_busy:
+                # Behind the output of micro-batches still being computed, else straight out;
+                # with the output queue full, the compute thread waits for room instead.
+                if self._work or self._compute_busy or self.writer.full():
                     self._work.append(event)
                 else:
-                    self.writer.send(event.frames)
+                    self.writer.send(event.frames, wait=False)
             elif isinstance(event, Started):
                 self._start(event)
             elif isinstance(event, (Compute, TakeSnapshot, Restore)):
