@@ -119,7 +119,20 @@ class SparkEngine:
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+        exit_code = _dead_jvm_exit_code() if self._ready.is_set() else None
+        if exit_code is not None:
+            # Resident workers may outlive their JVM, but nothing supervises them any more.
+            self._replace_dead_jvm(exit_code)
         self.wait_ready()
+        try:
+            return self._run(job, tasks)
+        except Exception:
+            exit_code = _dead_jvm_exit_code()
+            if exit_code is not None:
+                self._replace_dead_jvm(exit_code)
+            raise
+
+    def _run(self, job: Job, tasks: pa.Table) -> pa.Table:
         if self._resident is not None:
             return self._resident.run(job, tasks)
         frame = self._session.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
@@ -133,7 +146,10 @@ class SparkEngine:
         if self._resident is not None:
             self._resident.stop()
         if self._ready.is_set() and self._session is not None and self._error is None:
-            self._session.stop()
+            try:
+                self._session.stop()
+            except Exception as exc:  # a JVM that died meanwhile: nothing left to stop
+                log.warning("stopping Spark failed: %s", _first_line(exc))
 
     def _start_session(self) -> None:
         try:
@@ -147,6 +163,31 @@ class SparkEngine:
         finally:
             self._ready.set()
 
+
+    def _replace_dead_jvm(self, exit_code: int) -> None:
+        """The JVM died (killed, out of memory): a new Spark starts in the background; the
+        micro-batch under way fails if it needed the old one, the next ones wait for the new."""
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        with self._lock:
+            if not self._ready.is_set():
+                return  # already being replaced
+            log.error("Spark's JVM exited (code %s): starting a new Spark for the next micro-batches", exit_code)
+            self._ready.clear()
+            if self._resident is not None:
+                self._resident.stop()
+            self._resident = None
+            self._session = None
+            self._error = None
+            self._thread = None
+            # PySpark keeps the dead gateway in class attributes; a new session needs them cleared.
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+            SparkContext._active_spark_context = None
+            SparkSession._instantiatedSession = None
+            SparkSession._activeSession = None
+        self.start()
 
     def _start_dispatch(self, session: Any) -> None:
         if self.settings.dispatch == "resident":
@@ -204,6 +245,14 @@ def _import_compute(frames: Any) -> Any:
 
     pointcodec.warm_up()  # numba's compiled decoder, from its cache
     yield from frames
+
+
+def _dead_jvm_exit_code() -> int | None:
+    """The exit code of this process's Spark JVM if it has died, else None."""
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    return None if process is None else process.poll()
 
 
 def _first_line(exc: BaseException) -> str:

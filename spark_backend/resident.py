@@ -310,9 +310,8 @@ class ResidentWorkers:
     def _run_job(self, group: str, address: tuple[str, int], token: str) -> None:
         import functools
 
-        context = self._session.sparkContext
-        context.setJobGroup(group, "udf-agent resident workers", interruptOnCancel=True)
         try:
+            self._session.sparkContext.setJobGroup(group, "udf-agent resident workers", interruptOnCancel=True)
             frame = self._session.range(0, self.slots, 1, self.slots)
             frame.mapInPandas(functools.partial(serve_slot, address, token), schema="slot long, served long").collect()
         except BaseException as exc:  # read by whoever waits for the workers; cancelling ends here too
@@ -343,7 +342,10 @@ class ResidentWorkers:
             return
         thread.join(clean_end)
         if thread.is_alive():
-            self._session.sparkContext.cancelJobGroup(self._job_group)
+            try:
+                self._session.sparkContext.cancelJobGroup(self._job_group)
+            except Exception as exc:  # a dead JVM: its job is gone with it
+                log.warning("cancelling Spark's resident job failed: %s", _first_line(exc))
             thread.join(after_cancel)
             if thread.is_alive():
                 log.warning("Spark's resident job %s did not end within %g s of its cancellation", self._job_group, after_cancel)

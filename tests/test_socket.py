@@ -749,3 +749,56 @@ def test_a_connection_that_never_sends_init_is_closed_at_the_init_timeout(server
     assert busy.responses.wait_for("point", 1, timeout=10)[0].time == T0
     assert not busy.responses.of("error")
     assert "sent no Init within 1 s" in server.log()
+
+
+def _java_descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        for child in os.listdir("/proc"):
+            if not child.isdigit():
+                continue
+            try:
+                with open(f"/proc/{child}/stat") as stat_file:
+                    fields = stat_file.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{child}/comm") as comm_file:
+                    comm = comm_file.read().strip()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                queue.append(int(child))
+                if comm == "java":
+                    found.append(int(child))
+    return found
+
+
+def _moving_avg_session(path: str, first_time: int) -> tuple[SocketDriver, list]:
+    driver = SocketDriver.connect(path)
+    assert driver.init(option("field", "value"), option("size", 2)).success
+    for i in range(4):
+        driver.send(udf_pb2.Request(point=grouped_point(T0 + (first_time + i) * SECOND, "a", float(i))))
+    return driver, driver.responses.wait_for("point", 4, timeout=120)
+
+
+@pytest.mark.spark
+def test_serve_replaces_a_dead_jvm_for_the_next_connection(servers, sock_dir):
+    path = os.path.join(sock_dir, "jvm.sock")
+    server = servers.start(path, "moving_avg", "--no-local-while-starting", "--flush-interval", "50ms")
+    first, points = _moving_avg_session(path, 0)
+    assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
+    (jvm,) = _java_descendants(server.pid)
+    os.kill(jvm, signal.SIGKILL)
+    time.sleep(0.5)
+    # The next micro-batch finds the JVM dead and waits for a new Spark ...
+    first.send(udf_pb2.Request(point=grouped_point(T0 + 10 * SECOND, "a", 1.0)))
+    assert first.responses.wait_for("point", 5, timeout=120)[-1].fieldsDouble["avg"] == 2.0
+    assert "Spark's JVM exited (code -9)" in server.log()
+    (new_jvm,) = _java_descendants(server.pid)
+    assert new_jvm != jvm
+    # ... which serves the next connections too.
+    _, points = _moving_avg_session(path, 20)
+    assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
+    assert not first.responses.of("error")
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert "Traceback" not in server.log()

@@ -19,9 +19,16 @@ class _LineLimitFormatter(logging.Formatter):
         return "\n".join(line if len(line) <= MAX_LINE else line[:MAX_LINE] + " [line cut]" for line in text.split("\n"))
 
 
+def _not_py4j_chatter(record: logging.LogRecord) -> bool:
+    # py4j also logs through the root logger, at INFO with tracebacks, whenever a
+    # connection to a JVM breaks (a JVM being replaced, Spark stopping).
+    return record.levelno >= logging.WARNING or f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 def configure_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LineLimitFormatter(f"udf-agent[{os.getpid()}] %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_not_py4j_chatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
