@@ -1,7 +1,9 @@
 """Incoming points, grouped, and the Arrow tables they become.
 
-The reader keeps each point as the bytes Kapacitor sent (``GroupRows``): no
-protobuf object per point on its path. Where the group is computed (a Spark
+The reader keeps each point as the bytes Kapacitor sent: stream points as the
+scanner's runs (``StreamMicroBatch``, grouped once per micro-batch into
+``GroupedPoints``), a Kapacitor batch's points in ``GroupRows``; no protobuf
+object per point on its path. Where the group is computed (a Spark
 worker), ``decode_points`` turns those bytes into one Arrow table whose
 column names carry a prefix, so tags and fields can never collide with each
 other or with the point's metadata:
