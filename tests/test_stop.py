@@ -261,3 +261,45 @@ def test_sigterm_while_the_output_queue_is_full_exits_within_the_drain_timeout()
         finally:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
+
+
+def test_eof_behind_input_held_back_by_the_budget_starts_the_drain_at_once():
+    # The reader holds back a pipe full of unread points (the pending budget is full and
+    # compute is slow), so it cannot read its way to the end of input: the hang-up must
+    # be seen without reading, or the stop would wait for the whole backlog.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    chunk = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0))) * 1000
+    with tempfile.TemporaryFile() as err:
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "udf_agent", "run", "tests.udfs.sample:slow_local", "--max-pending-points", "5",
+                "--max-batch-points", "1", "--no-adaptive-flush", "--flush-interval", "10ms", "--drain-timeout", "1s",
+            ],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True, cwd=root,
+        )
+        try:
+            seconds = udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=2.0)])
+            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest(options=[seconds]))))
+            agent.stdin.flush()
+            decoder = FrameDecoder(udf_pb2.Response)
+            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
+                pass  # the InitResponse: from now on the pending budget applies
+            fd = agent.stdin.fileno()
+            os.set_blocking(fd, False)
+            stalled_since = None
+            while stalled_since is None or time.monotonic() - stalled_since < 1.0:
+                try:
+                    os.write(fd, chunk)
+                    stalled_since = None
+                except BlockingIOError:
+                    stalled_since = stalled_since or time.monotonic()
+                    time.sleep(0.05)
+            started = time.monotonic()
+            agent.stdin.close()  # the pipe is full: the reader has not seen this by reading
+            assert agent.wait(timeout=20) == 0
+            assert time.monotonic() - started < 3.5
+            err.seek(0)
+            assert "accepted point(s) not computed" in err.read().decode()
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)

@@ -87,6 +87,9 @@ class Connection(Protocol):
 
     def abort_read(self) -> None: ...
 
+    def input_closed(self) -> bool:
+        """Whether the peer has closed its side, seen without reading (input may still be buffered)."""
+
 
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
 # anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire
@@ -525,6 +528,10 @@ class Agent:
                 and not self._compute_done.is_set()
                 and not self._stop_reading.is_set()
             ):
+                # Input left unread has an end already: the drain deadline starts now, not
+                # when compute has made room for the reader to get there.
+                if self._drain_deadline is None and self.connection.input_closed():
+                    self._input_ended()
                 if not self._cond.wait(HEARTBEAT_INTERVAL):
                     self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
 

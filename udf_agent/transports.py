@@ -108,6 +108,11 @@ class FdConnection:
             if view:
                 _wait_writable(self._write_fd, deadline, total - len(view))
 
+    def input_closed(self) -> bool:
+        """Whether Kapacitor has closed our stdin (seen without reading: a pipe reports
+        the hang-up while data is still buffered)."""
+        return _hung_up(self._read_fd, select.POLLHUP)
+
     def close_write(self) -> None:
         os.close(self._write_fd)
 
@@ -127,6 +132,10 @@ class SocketConnection:
 
     def read(self, size: int) -> bytes:
         return self._sock.recv(size)
+
+    def input_closed(self) -> bool:
+        """Whether the peer has shut down its sending side (seen without reading)."""
+        return _hung_up(self._sock.fileno(), select.POLLRDHUP | select.POLLHUP)
 
     def write(self, data: bytes, deadline: Deadline = _no_deadline) -> None:
         view = memoryview(data)
@@ -153,6 +162,12 @@ class SocketConnection:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def _hung_up(fd: int, events: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, events)
+    return any(revents & events for _, revents in poller.poll(0))
 
 
 def claim_stdio() -> FdConnection:
