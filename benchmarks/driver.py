@@ -161,7 +161,7 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _comm(pid: int) -> str:
+def process_name(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as comm:
             return comm.read().strip()
@@ -260,7 +260,7 @@ class AgentProcess:
             agent = _rss_mb(pid)
             jvm = workers = 0.0
             for child in descendants(pid):
-                if _comm(child) == "java":
+                if process_name(child) == "java":
                     jvm += _rss_mb(child)
                 else:
                     workers += _rss_mb(child)

@@ -752,24 +752,9 @@ def test_a_connection_that_never_sends_init_is_closed_at_the_init_timeout(server
 
 
 def _java_descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop()
-        for child in os.listdir("/proc"):
-            if not child.isdigit():
-                continue
-            try:
-                with open(f"/proc/{child}/stat") as stat_file:
-                    fields = stat_file.read().rsplit(")", 1)[1].split()
-                with open(f"/proc/{child}/comm") as comm_file:
-                    comm = comm_file.read().strip()
-            except OSError:
-                continue
-            if int(fields[1]) == parent:
-                queue.append(int(child))
-                if comm == "java":
-                    found.append(int(child))
-    return found
+    from benchmarks.driver import descendants, process_name
+
+    return [child for child in descendants(pid) if process_name(child) == "java"]
 
 
 def _moving_avg_session(path: str, first_time: int) -> tuple[SocketDriver, list]:

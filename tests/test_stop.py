@@ -179,6 +179,20 @@ def test_the_writer_drops_and_counts_what_the_peer_does_not_read_by_the_deadline
     theirs.close()
 
 
+def _initialised(args: list[str], err, init: udf_pb2.InitRequest | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """``udf-agent run ARGS`` over pipes, once it has answered Init."""
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "udf_agent", "run", *args],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True, cwd=cwd,
+    )
+    agent.stdin.write(encode_frame(udf_pb2.Request(init=init or udf_pb2.InitRequest())))
+    agent.stdin.flush()
+    decoder = FrameDecoder(udf_pb2.Response)
+    while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
+        pass  # the InitResponse
+    return agent
+
+
 def test_output_nobody_reads_stops_input_instead_of_growing_memory():
     """Kapacitor stops reading stdout but keeps the task: the agent's queues stay bounded
     (input stops being read), and once output is read again every point comes back."""
@@ -187,16 +201,9 @@ def test_output_nobody_reads_stops_input_instead_of_growing_memory():
     frame = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0)))
     count = 2_000_000  # ~110 MB of input
     with tempfile.TemporaryFile() as err:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "udf_agent", "run", "mirror", "--max-pending-points", "10000"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-        )
+        agent = _initialised(["mirror", "--max-pending-points", "10000"], err)
         try:
-            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest())))
-            agent.stdin.flush()
             decoder = FrameDecoder(udf_pb2.Response)
-            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
-                pass  # the InitResponse
             written = [0]
 
             def feed() -> None:
@@ -233,16 +240,8 @@ def test_sigterm_while_the_output_queue_is_full_exits_within_the_drain_timeout()
 
     frame = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0)))
     with tempfile.TemporaryFile() as err:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "udf_agent", "run", "mirror", "--max-pending-points", "10000", "--drain-timeout", "1s"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True,
-        )
+        agent = _initialised(["mirror", "--max-pending-points", "10000", "--drain-timeout", "1s"], err)
         try:
-            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest())))
-            agent.stdin.flush()
-            decoder = FrameDecoder(udf_pb2.Response)
-            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
-                pass
 
             def feed() -> None:
                 try:
@@ -269,21 +268,15 @@ def test_eof_behind_input_held_back_by_the_budget_starts_the_drain_at_once():
     # be seen without reading, or the stop would wait for the whole backlog.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     chunk = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0))) * 1000
+    seconds = udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=2.0)])
+    args = [
+        "tests.udfs.sample:slow_local", "--max-pending-points", "5", "--max-batch-points", "1",
+        "--no-adaptive-flush", "--flush-interval", "10ms", "--drain-timeout", "1s",
+    ]
     with tempfile.TemporaryFile() as err:
-        agent = subprocess.Popen(
-            [
-                sys.executable, "-m", "udf_agent", "run", "tests.udfs.sample:slow_local", "--max-pending-points", "5",
-                "--max-batch-points", "1", "--no-adaptive-flush", "--flush-interval", "10ms", "--drain-timeout", "1s",
-            ],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True, cwd=root,
-        )
+        # Once Init is answered, the pending budget applies.
+        agent = _initialised(args, err, udf_pb2.InitRequest(options=[seconds]), cwd=root)
         try:
-            seconds = udf_pb2.Option(name="seconds", values=[udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=2.0)])
-            agent.stdin.write(encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest(options=[seconds]))))
-            agent.stdin.flush()
-            decoder = FrameDecoder(udf_pb2.Response)
-            while not decoder.feed(os.read(agent.stdout.fileno(), 65536)):
-                pass  # the InitResponse: from now on the pending budget applies
             fd = agent.stdin.fileno()
             os.set_blocking(fd, False)
             stalled_since = None
