@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from udf_agent.compute import Job, compute_tasks
-from udf_agent.table import ipc_to_table, table_to_ipc
+from udf_agent.table import ipc_to_table, table_to_ipc_buffer
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +66,15 @@ class ResidentStartError(RuntimeError):
 # ---- framing, shared by both sides ----
 
 
-def send_message(sock: socket.socket, kind: int, payload: bytes | memoryview) -> None:
-    sock.sendall(HEADER.pack(kind, len(payload)))
-    sock.sendall(payload)
+def send_message(sock: socket.socket, kind: int, *parts: Any) -> None:
+    """One message whose payload is ``parts`` (bytes-like) one after another, never joined:
+    a micro-batch is megabytes, and copying it holds the GIL the reader needs."""
+    sock.sendall(HEADER.pack(kind, sum(len(part) for part in parts)))
+    for part in parts:
+        sock.sendall(part)
 
 
-def receive_message(sock: socket.socket) -> tuple[int, bytes] | None:
+def receive_message(sock: socket.socket) -> tuple[int, bytearray] | None:
     """The next message, or None at a clean end of stream (before a header)."""
     header = _receive_exactly(sock, HEADER.size, eof_ok=True)
     if header is None:
@@ -82,7 +85,7 @@ def receive_message(sock: socket.socket) -> tuple[int, bytes] | None:
     return kind, payload
 
 
-def _receive_exactly(sock: socket.socket, length: int, eof_ok: bool) -> bytes | None:
+def _receive_exactly(sock: socket.socket, length: int, eof_ok: bool) -> bytearray | None:
     buffer = bytearray(length)
     view = memoryview(buffer)
     received = 0
@@ -93,7 +96,7 @@ def _receive_exactly(sock: socket.socket, length: int, eof_ok: bool) -> bytes | 
                 return None
             raise ConnectionError(f"connection closed after {received} of {length} bytes")
         received += count
-    return bytes(buffer)
+    return buffer
 
 
 # ---- the worker side (runs inside a Spark task) ----
@@ -117,7 +120,7 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
         jobs: OrderedDict[bytes, Job] = OrderedDict()
         while (message := receive_message(sock)) is not None:
             kind, payload = message
-            key, body = payload[:JOB_KEY_BYTES], payload[JOB_KEY_BYTES:]
+            key, body = bytes(payload[:JOB_KEY_BYTES]), memoryview(payload)[JOB_KEY_BYTES:]
             if kind == JOB:
                 # Sent by the agent that launched this task, over the channel the token
                 # authenticated: the same trust as Spark's own pickled UDFs.
@@ -126,7 +129,7 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
                     jobs.popitem(last=False)
                 continue
             try:
-                reply = table_to_ipc(compute_tasks(jobs[key], ipc_to_table(body)))
+                reply = table_to_ipc_buffer(compute_tasks(jobs[key], ipc_to_table(body)))
             except Exception:
                 send_message(sock, FAILURE, traceback.format_exc().encode())
             else:
@@ -212,7 +215,7 @@ class ResidentWorkers:
         deadline = time.monotonic() + self.batch_timeout
         used = self._workers[: len(parts)]
         for worker, part in zip(used, parts):
-            payload = table_to_ipc(part)
+            payload = table_to_ipc_buffer(part)
             self._exchange(worker, deadline, lambda w=worker, p=payload: self._send_tasks(w, key, pickled, p))
         results = []
         for worker in used:
@@ -223,11 +226,11 @@ class ResidentWorkers:
         # Parts are consecutive runs of tasks, each answered in task order.
         return pa.concat_tables(results) if len(results) > 1 else results[0]
 
-    def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: bytes) -> None:
+    def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: Any) -> None:
         if key not in worker.jobs:
-            send_message(worker.sock, JOB, key + pickled)
+            send_message(worker.sock, JOB, key, pickled)
             worker.jobs.add(key)
-        send_message(worker.sock, TASKS, key + payload)
+        send_message(worker.sock, TASKS, key, payload)
 
     def _exchange(self, worker: _Worker, deadline: float, action: Any) -> Any:
         remaining = deadline - time.monotonic()
@@ -352,7 +355,7 @@ class ResidentWorkers:
         self._job_thread = None
 
 
-def _require(message: tuple[int, bytes] | None, worker: _Worker) -> tuple[int, bytes]:
+def _require(message: tuple[int, bytearray] | None, worker: _Worker) -> tuple[int, bytearray]:
     if message is None:
         raise ConnectionError("it closed its connection")
     return message

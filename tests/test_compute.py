@@ -485,3 +485,21 @@ def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, tmp_p
     assert [line for line in written.splitlines() if not line.startswith("#")] == [
         f"cpu,host=b v={t + 0.5} {t}" for t in (1, 3, 5)
     ]
+
+
+def test_on_error_skip_counts_the_points_of_a_failed_kapacitor_batch(caplog):
+    from udf_agent.engine import Engines
+
+    def feed(driver):
+        driver.send(udf_pb2.Request(begin=udf_pb2.BeginBatch(name="m", group="g")))
+        for t in range(3):
+            driver.send(udf_pb2.Request(point=udf_pb2.Point(time=t, name="m", group="g", fieldsDouble={"other": 1.0})))
+        driver.send(udf_pb2.Request(end=udf_pb2.EndBatch(name="m", group="g", tmax=2)))
+
+    config = AgentConfig(flush_interval=0.01, on_error="skip")
+    with caplog.at_level("ERROR", logger="udf_agent"):
+        # outliers on a field the points lack: the batch fails, and is skipped.
+        harness, driver = run_agent(outliers, Engines(LocalEngine), (option("field", "value"),), config, feed)
+        assert harness.finish() == 0
+    assert not driver.responses.of("error")
+    assert "UDF failure set aside (--on-error skip): 3 point(s), 3 so far" in caplog.text

@@ -25,7 +25,7 @@ from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointR
 from udf_agent.engine import Engines
 from udf_agent.guard import error_frame, keepalive_frame
 from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
-from udf_agent.table import StreamMicroBatch
+from udf_agent.table import StreamMicroBatch, prefixed_ends
 
 log = logging.getLogger(__name__)
 
@@ -688,7 +688,7 @@ class Agent:
             # The failed groups are set aside; the others go on as if nothing happened.
             bad = [i for i, error in enumerate(errors) if error is not None]
             data = tasks.column("data").to_pylist()
-            points = [int(grouped.counts[i]) for i in bad] if grouped is not None else [_count_points(data[i]) for i in bad]
+            points = [int(grouped.counts[i]) if grouped is not None else _items(data[i]) for i in bad]
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
             self._set_aside(spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], sum(points), errors[bad[0]] + more)
             outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
@@ -796,16 +796,10 @@ class Agent:
             self.writer.send(frame)
 
 
-def _count_points(data: bytes) -> int:
-    """How many length-prefixed points ``data`` holds (set-aside input: rare, not hot)."""
-    from udf_agent.codec import read_varint
-
-    count = position = 0
-    while position < len(data):
-        length, position = read_varint(data, position)
-        position += length
-        count += 1
-    return count
+def _items(data: bytes) -> int:
+    """How many length-prefixed points ``data`` holds (set-aside batch input: rare)."""
+    ends = prefixed_ends(data)
+    return 0 if ends is None else len(ends)
 
 
 def _first_line(exc: BaseException) -> str:

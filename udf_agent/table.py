@@ -63,16 +63,21 @@ class GroupRows:
 
 def table_to_ipc(table: Any) -> bytes:
     """An Arrow table as an IPC stream: typed, compact, and never executable."""
+    data: bytes = table_to_ipc_buffer(table).to_pybytes()
+    return data
+
+
+def table_to_ipc_buffer(table: Any) -> Any:
+    """``table_to_ipc`` as an Arrow buffer (bytes-like), for a socket: no copy into bytes."""
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    data: bytes = sink.getvalue().to_pybytes()
-    return data
+    return sink.getvalue()
 
 
-def ipc_to_table(data: bytes) -> Any:
+def ipc_to_table(data: bytes | bytearray | memoryview) -> Any:
     import pyarrow as pa
 
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
@@ -251,7 +256,7 @@ def in_arrival_order(output: bytes, arrival: Any, compiled: bool) -> tuple[bytes
 
         ends = frame_ends(output)
     else:
-        ends = _frame_ends(output)
+        ends = prefixed_ends(output)
     if ends is None or len(ends) != len(arrival):
         return None
     back = np.empty_like(arrival)
@@ -264,17 +269,19 @@ def in_arrival_order(output: bytes, arrival: Any, compiled: bool) -> tuple[bytes
     return b"".join(pieces), np.cumsum([len(piece) for piece in pieces])
 
 
-def _frame_ends(output: bytes) -> Any:
+def prefixed_ends(data: bytes) -> Any:
+    """Where each length-prefixed item (a frame, or a point as the reader keeps it) of
+    ``data`` ends, walked in plain Python; None unless ``data`` is whole items only."""
     import numpy as np
 
     from udf_agent.codec import read_varint
 
     ends, pos = [], 0
-    while pos < len(output):
-        length, body = read_varint(output, pos)
+    while pos < len(data):
+        length, body = read_varint(data, pos)
         pos = body + length
         ends.append(pos)
-    return np.array(ends, np.int64) if pos == len(output) else None
+    return np.array(ends, np.int64) if pos == len(data) else None
 
 
 def group_points_by_key(frames: bytes, points: Any, groups: Any) -> GroupedPoints:
