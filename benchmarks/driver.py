@@ -1,7 +1,7 @@
 """Plays Kapacitor against an agent process and times what comes back.
 
 ``run_flat_out`` writes Init, waits for its answer, then every point frame in
-big writes (a KeepaliveRequest every 100 ms in between), and keeps sending
+big writes (a KeepaliveRequest every 25 ms in between), and keeps sending
 keepalives until every output point has arrived before it closes stdin, as a
 running task would. ``run_paced`` writes one point per write at a fixed rate
 and times each output point by its time. Both sample the agent's memory and
@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.framing import OutputTally
 from benchmarks.workload import Workload, keepalive_frame
 
-KEEPALIVE_INTERVAL = 0.1
+KEEPALIVE_INTERVAL = 0.025
 MEMORY_INTERVAL = 0.1
 WRITE_BYTES = 64 * 1024
 READ_BYTES = 4 * 1024 * 1024

@@ -9,15 +9,13 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from benchmarks.driver import run_paced
+from benchmarks.framing import encode_varint, point_time, split_frames
+from benchmarks.run import Settings, baseline, format_table, ours, run_benchmarks
+from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame
+from udf_agent import udf_pb2
 
-from benchmarks.driver import run_paced  # noqa: E402
-from benchmarks.framing import encode_varint, point_time, split_frames  # noqa: E402
-from benchmarks.run import Settings, baseline, format_table, ours, run_benchmarks  # noqa: E402
-from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame  # noqa: E402
-from udf_agent import udf_pb2  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.integration
 

@@ -368,3 +368,26 @@ def test_a_protocol_error_behind_a_slow_backlog_is_answered_within_two_seconds(d
     assert times == list(range(len(times))) and len(times) < 40
     assert f"{40 - len(times)} accepted point(s) not computed" in driver.log()
     assert "Traceback" not in driver.log()
+
+
+@pytest.mark.parametrize("udf, expected", [("mirror", 1024 * 1024), ("moving_avg", 256 * 1024)])
+def test_the_input_pipe_holds_only_what_the_udf_reads_within_milliseconds(udf, expected):
+    """A keepalive request waits behind everything queued unread in the pipe: a computed
+    UDF's pipe is kept small, a passthrough one (read several times faster) larger."""
+    import fcntl
+
+    from udf_agent.agent import Agent
+    from udf_agent.builtins import BUILTINS
+    from udf_agent.engine import Engines, LocalEngine
+    from udf_agent.transports import FdConnection
+
+    agent_reads, kapacitor_writes = os.pipe()
+    kapacitor_reads, agent_writes = os.pipe()
+    try:
+        agent = Agent(BUILTINS[udf], FdConnection(agent_reads, agent_writes), Engines(LocalEngine))
+        assert fcntl.fcntl(agent_reads, fcntl.F_GETPIPE_SZ) == expected
+        agent.writer.close()  # closes agent_writes
+        agent.writer.join()
+    finally:
+        for fd in (kapacitor_writes, agent_reads, kapacitor_reads):
+            os.close(fd)

@@ -29,17 +29,18 @@ MAX_SOCKET_PATH = 107
 
 
 # Linux pipes hold 64 KiB by default: every read and write then moves only a few hundred
-# points, and the per-call costs dominate. Unprivileged processes may grow them to 1 MiB.
-PIPE_SIZE = 1024 * 1024
+# points, and the per-call costs dominate. Bigger is not better either: a keepalive waits
+# behind everything queued in the pipe (the agent sizes its input pipe for the UDF's pace).
+PIPE_SIZE = 256 * 1024
 
 
-def _grow_pipe(fd: int) -> None:
+def _size_pipe(fd: int, size: int) -> None:
     if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not hasattr(fcntl, "F_SETPIPE_SZ"):
         return
     try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except OSError as exc:  # over /proc/sys/fs/pipe-max-size, or not permitted: only slower
-        log.debug("cannot grow the pipe on fd %d: %s", fd, exc)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except OSError as exc:  # over /proc/sys/fs/pipe-max-size, not permitted, or (shrinking) fuller than size: only slower
+        log.debug("cannot size the pipe on fd %d to %d bytes: %s", fd, size, exc)
 
 
 # How often a blocked write looks again at a deadline that may have been set meanwhile.
@@ -76,8 +77,8 @@ class FdConnection:
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
-        _grow_pipe(read_fd)
-        _grow_pipe(write_fd)
+        _size_pipe(read_fd, PIPE_SIZE)
+        _size_pipe(write_fd, PIPE_SIZE)
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.
@@ -108,6 +109,9 @@ class FdConnection:
             if view:
                 _wait_writable(self._write_fd, deadline, total - len(view))
 
+    def limit_unread_input(self, size: int) -> None:
+        _size_pipe(self._read_fd, size)
+
     def input_closed(self) -> bool:
         """Whether Kapacitor has closed our stdin (seen without reading: a pipe reports
         the hang-up while data is still buffered)."""
@@ -132,6 +136,11 @@ class SocketConnection:
 
     def read(self, size: int) -> bytes:
         return self._sock.recv(size)
+
+    def limit_unread_input(self, size: int) -> None:
+        # A unix stream socket queues what the peer sends against the peer's send buffer,
+        # which is not ours to size.
+        pass
 
     def input_closed(self) -> bool:
         """Whether the peer has shut down its sending side (seen without reading)."""
