@@ -24,6 +24,7 @@ POINT_KEY = b"\x8a\x01"  # Response.point = 17
 KEEPALIVE_KEY = 0x1A  # Response.keepalive = 3
 INIT_KEY = 0x12  # Response.init = 2
 ERROR_KEY = 0x32  # Response.error = 6
+SNAPSHOT_KEY = 0x22  # Response.snapshot = 4
 
 CHUNK_SIZE = 4 * 1024 * 1024
 
@@ -127,6 +128,7 @@ class OutputTally:
     init_body: bytes | None = None
     errors: list[str] = field(default_factory=list)
     keepalive_times: dict[int, float] = field(default_factory=dict)
+    snapshots: list[tuple[float, bytes]] = field(default_factory=list)  # (when read, SnapshotResponse.snapshot)
     point_times: dict[int, float] = field(default_factory=dict)
     other_frames: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
@@ -195,5 +197,9 @@ class OutputTally:
             from udf_agent import udf_pb2
 
             self.errors.append(udf_pb2.Response.FromString(body).error.error)
+        elif key == SNAPSHOT_KEY:
+            from udf_agent import udf_pb2
+
+            self.snapshots.append((now, udf_pb2.Response.FromString(body).snapshot.snapshot))
         else:
             self.other_frames += 1

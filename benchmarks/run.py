@@ -32,7 +32,7 @@ from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "latest.json")
-CASES = ("limits", "echo", "moving_avg", "many_groups", "new_groups", "latency", "memory")
+CASES = ("limits", "echo", "moving_avg", "many_groups", "new_groups", "latency", "memory", "group_state")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Settings:
     latency_seconds: float = 10.0
     latency_warmup_seconds: float = 1.0
     memory_points: tuple[int, ...] = (1_000_000,)
+    state_groups: int = 500_000
     time_limit_scale: float = 1.0
     agent_args: tuple[str, ...] = ()
     kapacitor_src: str | None = None
@@ -59,6 +60,7 @@ class Settings:
             new_group_points=20_000,
             latency_seconds=3.0,
             memory_points=(20_000,),
+            state_groups=5_000,
         )
 
     def time_limit(self, points: int) -> float:
@@ -428,6 +430,33 @@ class Bench:
                 )
 
 
+    def case_group_state(self, record: dict[str, Any]) -> None:
+        """What kept group state costs: moving_avg size 3 (two kept points per group) over
+        ``state_groups`` groups x 3 points, against the same points over 100 groups."""
+        s = self.settings
+        options = [("field", "usage_user"), ("size", 3), ("as", "avg")]
+        trees: dict[int, float | None] = {}
+        for groups in (s.groups, s.state_groups):
+            workload = Workload(3 * s.state_groups, groups)
+            mine = self.flat_out(ours("moving_avg", s), options, workload, reuse=False, warm=True)
+            self._keep(record, f"ours {groups} groups", mine)
+            m = mine.memory
+            trees[groups] = m.agent_mb + m.jvm_mb + m.workers_mb if mine.ok else None
+            note = _describe_failure("ours", mine) or f"agent {m.agent_mb:.0f} + JVM {m.jvm_mb:.0f} + workers {m.workers_mb:.0f} MB"
+            self.rows.append(make_row("group_state", f"process tree RSS peak, {groups:,} groups x 3", trees[groups], "MB", note=note))
+        few, many = trees[s.groups], trees[s.state_groups]
+        self.rows.append(
+            make_row(
+                "group_state",
+                f"added by {s.state_groups:,} groups' state",
+                None if few is None or many is None else many - few,
+                "MB",
+                goal=value_at_most(400, "MB") if s.state_groups >= 500_000 else None,
+                note="peaks summed per process (agent, JVM, workers)",
+            )
+        )
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -578,6 +607,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
     parser.add_argument("--latency-rate", type=float, help="points/s of the latency case (default 1,000)")
     parser.add_argument("--latency-seconds", type=float, help="measured seconds of the latency case (default 10)")
     parser.add_argument("--memory-points", type=_int_list, help="sizes of the memory case, e.g. 1000000,10000000 (default: --points)")
+    parser.add_argument("--state-groups", type=int, help="groups of the group_state case, 3 points each (default 500,000)")
     parser.add_argument("--time-limit-scale", type=float, help="multiplies every per-run time limit")
     parser.add_argument(
         "--agent-arg",
@@ -602,6 +632,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
             "new_group_points": args.new_group_points,
             "latency_rate": args.latency_rate,
             "latency_seconds": args.latency_seconds,
+            "state_groups": args.state_groups,
             "time_limit_scale": args.time_limit_scale,
         }.items()
         if value is not None

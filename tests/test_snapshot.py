@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import sys
 import time
 
 import pytest
@@ -26,6 +27,7 @@ from udf_agent.testing import InProcessAgent, grouped_point, option
 
 pytestmark = pytest.mark.spark
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEC = 1_000_000_000
 OPTIONS = (option("field", "value"), option("size", 10), option("as", "mean"))
 HISTORY = [(t, 1.0, 2.0) for t in range(10)]  # (seconds, a, b)
@@ -561,3 +563,60 @@ def test_a_restore_after_a_refused_init_is_answered(engines, good_snapshot):
     assert answer.success is False and "not a udf-agent snapshot" in answer.error
     assert agent.driver.restore(good_snapshot[0]).success
     finish_cleanly(agent)
+
+
+@pytest.mark.integration
+def test_a_hundred_thousand_groups_snapshot_in_one_agent_process_and_restore_exactly_in_another(engines, report):
+    """An agent process computes moving_avg size 10 over 100 k groups x 10 points and is asked
+    for a snapshot; this process (another hash seed, nothing shared) restores it and computes
+    each group's 11th point: every mean is that of the group's last 10 values, oldest first."""
+    import numpy as np
+
+    from benchmarks.driver import AgentCommand, AgentProcess
+    from benchmarks.workload import FIELDS, Workload, init_frame
+
+    groups, per_group = 100_000, 10
+    workload = Workload(groups * (per_group + 1), groups)
+    frames = workload.frames(0, workload.points)
+    frame_length = workload.frame_length
+    options = [("field", "usage_user"), ("size", 10), ("as", "avg")]
+    command = AgentCommand("udf-agent", [sys.executable, "-m", "udf_agent", "run", "moving_avg"], cwd=ROOT)
+    deadline = time.monotonic() + 240
+    taker = AgentProcess(command, deadline)
+    try:
+        taker.init(init_frame(options), deadline)
+        taker.write(memoryview(frames)[: groups * per_group * frame_length])
+        assert taker.wait_for(lambda: taker.tally.points >= groups * per_group, deadline), taker.failure("outputs")
+        asked = time.monotonic()
+        request = udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()).SerializeToString()
+        taker.write(encode_varint(len(request)) + request)
+        assert taker.wait_for(lambda: bool(taker.tally.snapshots), deadline), taker.failure("SnapshotResponse")
+        answered, data = taker.tally.snapshots[0]
+        assert not taker.tally.errors
+    finally:
+        taker.kill()
+    report(f"snapshot of 100 k groups x 9 kept points by an agent process: {len(data) / 2**20:.1f} MiB in {answered - asked:.2f} s")
+    assert answered - asked <= 10
+
+    restorer = InProcessAgent(moving_avg, engines, QUICK)
+    assert restorer.driver.init(*(option(name, value) for name, value in options)).success
+    started = time.monotonic()
+    answer = restorer.driver.restore(data)
+    assert answer.success, answer.error
+    report(f"restored in another process in {time.monotonic() - started:.2f} s")
+    restorer.driver.send_raw(frames[groups * per_group * frame_length :])
+    outputs = restorer.driver.responses.wait_for("point", groups, timeout=180)
+    finish_cleanly(restorer)
+
+    values = workload.values(0, workload.points)[:, FIELDS.index("usage_user")].reshape(per_group + 1, groups)
+    expected = np.zeros(groups)
+    for row in values[1:]:  # the last 10 values of each group, oldest first, as moving_avg sums them
+        expected += row
+    expected /= per_group
+    got = np.full(groups, np.nan)
+    step = workload.time_of(1) - workload.time_of(0)
+    for point in outputs:
+        index = (point.time - workload.time_of(0)) // step
+        assert index >= groups * per_group, "an output for a point of the first agent"
+        got[index % groups] = point.fieldsDouble["avg"]
+    assert np.array_equal(got, expected)
