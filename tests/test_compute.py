@@ -386,7 +386,18 @@ def test_a_vectorized_udf_that_breaks_its_contract_fails_the_task_clearly(spec, 
     assert harness.finish() == 1
 
 
-def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engines):
+@pytest.mark.parametrize("slice_groups", [10_000, 3_000])
+def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engines, spark_engine, monkeypatch, slice_groups):
+    # A micro-batch over more groups than a task slice holds is computed slice by slice.
+    monkeypatch.setattr("udf_agent.agent.TASK_SLICE_GROUPS", slice_groups)
+    sizes = []
+    run = spark_engine.run
+
+    def counted(job, tasks):
+        sizes.append(tasks.num_rows)
+        return run(job, tasks)
+
+    monkeypatch.setattr(spark_engine, "run", counted)
     rng = np.random.default_rng(5)
     groups, per_group, size = 10_000, 3, 2
     values = rng.normal(size=groups * per_group)
@@ -409,6 +420,7 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
     got = {p.time: p.fieldsDouble["avg"] for p in points}
     assert np.allclose([got[t] for t in range(len(values))], expected, rtol=1e-12, atol=0)
     assert [p.time for p in points] == list(range(len(values)))  # arrival order across 10 k groups
+    assert max(sizes) == slice_groups and sum(sizes) >= groups
 
 
 def test_moving_avg_turns_non_finite_and_missing_values_into_nan_and_never_fails():
@@ -459,9 +471,12 @@ def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
     assert "--max-groups 2 reached" in caplog.text
 
 
+@pytest.mark.parametrize("slice_groups", [10_000, 1], ids=["one-slice", "a-slice-per-group"])
 @pytest.mark.parametrize("policy", ["skip", "dead-letter"])
-def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, tmp_path, caplog):
+def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, slice_groups, tmp_path, caplog, monkeypatch):
     from udf_agent.engine import Engines
+
+    monkeypatch.setattr("udf_agent.agent.TASK_SLICE_GROUPS", slice_groups)
 
     def feed(driver):
         for t in range(6):

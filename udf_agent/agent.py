@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from udf_agent import udf_pb2
@@ -241,6 +241,20 @@ class _Finish:
     def __init__(self, error: str | None = None, code: int = 1):
         self.error = error
         self.code = code if error is not None else 0
+
+
+# Groups per task table: a micro-batch touching more (group churn) is computed in slices.
+TASK_SLICE_GROUPS = 10_000
+
+
+@dataclass
+class _Computed:
+    """What the slices of one micro-batch gave, in group order."""
+
+    outputs: list[bytes | None] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    failure: str | None = None  # the error of the first failed group, when it ends the task
+    set_aside: bool = False  # some groups' points were skipped (--on-error)
 
 
 class UDFError(RuntimeError):
@@ -641,85 +655,116 @@ class Agent:
             self.writer.close()
 
     def _compute(self, item: Compute) -> None:
+        spec, _ = self._loaded()
+        if self._job is None:
+            from udf_agent.compute import Job
+
+            self._job = Job(spec, self._options.raw())
+        batch = item.batch
+        grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
+        engine = self.engines.engine_for(spec, batch.count)
+        started = time.monotonic()
+        self._computing = batch.count
+        done = _Computed()
+        try:
+            for tasks in self._task_slices(batch, grouped):
+                if not self._compute_slice(spec.name, engine, tasks, grouped, done) or self._abandoned:
+                    break
+        finally:
+            self._computing = 0
+        if self._abandoned:
+            return
+        self._evict_groups()
+        # In arrival order only when every group gave one frame per new point and none failed.
+        self._send_output(done.outputs, grouped if done.failure is None and not done.set_aside else None, done.counts)
+        if done.failure is not None:
+            log.error("%s", done.failure)
+            raise UDFError(_error_summary(done.failure))
+        log.debug(
+            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
+            batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
+        )
+
+    def _task_slices(self, batch: Any, grouped: Any) -> Any:
+        """The micro-batch's task tables: a stream one in slices of at most
+        ``TASK_SLICE_GROUPS`` groups, so what a slice ships (every group's kept history) and
+        what the workers decode stays bounded however many groups a micro-batch touches."""
         import numpy as np
         import pyarrow as pa
 
-        from udf_agent.compute import TASK_SCHEMA, Job, tasks_from_rows
+        from udf_agent.compute import TASK_SCHEMA, tasks_from_rows
 
         spec, _ = self._loaded()
-        if self._job is None:
-            self._job = Job(spec, self._options.raw())
-        batch = item.batch
-        window = spec.history_window(self._job.option_values()) if spec.wants == "stream" else None
-        grouped = None
-        if isinstance(batch, StreamMicroBatch):
-            grouped = batch.grouped()
-            kept = [self._groups.get(group, (None, None)) for group in grouped.keys]
-            count = len(grouped)
-            columns = {
-                "seq": np.arange(count),
-                "key": grouped.keys,
-                "meta": [json.dumps({"history": window})] * count,
-                "data": grouped.arrow(),
-                "history": [history for history, _ in kept],
-                "state": [state for _, state in kept],
-            }
-            tasks = pa.table(columns, schema=TASK_SCHEMA)
-        else:
+        if grouped is None:
             rows = []
             for seq, kbatch in enumerate(batch.batches):
                 meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
                 _, state = self._groups.get(kbatch.group, (None, None))
                 rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))
-            tasks = tasks_from_rows(rows)
-        started = time.monotonic()
-        self._computing = batch.count
+            yield tasks_from_rows(rows)
+            return
+        meta = json.dumps({"history": spec.history_window(self._job.option_values())})
+        data = grouped.arrow()
+        for first in range(0, len(grouped), TASK_SLICE_GROUPS):
+            last = min(len(grouped), first + TASK_SLICE_GROUPS)
+            keys = grouped.keys[first:last]
+            kept = [self._groups.get(key, (None, None)) for key in keys]
+            columns = {
+                "seq": np.arange(first, last),
+                "key": keys,
+                "meta": [meta] * len(keys),
+                "data": data.slice(first, last - first),
+                "history": [history for history, _ in kept],
+                "state": [state for _, state in kept],
+            }
+            yield pa.table(columns, schema=TASK_SCHEMA)
+
+    def _compute_slice(self, udf_name: str, engine: Any, tasks: Any, grouped: Any, done: _Computed) -> bool:
+        """Runs one task table and keeps its groups' new history and state; False once a
+        failure ends the micro-batch (``done.failure``)."""
         try:
-            engine = self.engines.engine_for(spec, batch.count)
             results = engine.run(self._job, tasks)
         except Exception as exc:
             log.exception("compute engine failed")
-            message = f"compute engine failed on a micro-batch of {batch.count} point(s): {_first_line(exc)}"
+            data = tasks.column("data").to_pylist()
+            points = sum(_points_in(tasks, grouped, data, range(len(data))))
+            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {_first_line(exc)}"
             if self.config.on_error == "fail":
                 raise UDFError(message) from exc
-            self._set_aside(spec.name, message, tasks.column("data").to_pylist(), batch.count)
-            return
-        finally:
-            self._computing = 0
+            self._set_aside(udf_name, message, data, points)
+            done.set_aside = True
+            return True
         if self._abandoned:
-            return
+            return False
         keys, outputs, histories, states, errors, counts = (
             results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
         )
-        failed = next((i for i, error in enumerate(errors) if error is not None), len(keys))
-        if failed < len(keys) and self.config.on_error != "fail":
+        del results
+        bad = [i for i, error in enumerate(errors) if error is not None]
+        if bad and self.config.on_error != "fail":
             # The failed groups are set aside; the others go on as if nothing happened.
-            bad = [i for i, error in enumerate(errors) if error is not None]
             data = tasks.column("data").to_pylist()
-            points = [int(grouped.counts[i]) if grouped is not None else _items(data[i]) for i in bad]
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
-            self._set_aside(spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], sum(points), errors[bad[0]] + more)
+            points = sum(_points_in(tasks, grouped, data, bad))
+            self._set_aside(udf_name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
             outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
-            failed = len(keys)
-            grouped = None  # not one frame per point any more: group after group
+            done.set_aside = True
+            bad = []
+        ended = bad[0] if bad else len(keys)
         groups = self._groups
-        for key, history, state, error in zip(keys[:failed], histories, states, errors):
+        for key, history, state, error in zip(keys[:ended], histories, states, errors):
             if error is not None:
                 continue  # a set-aside group keeps what it had
             # Popped and inserted again: the dict's order is least recently seen first.
             groups.pop(key, None)
             if history is not None or state is not None:
                 groups[key] = (history, state)
-        self._evict_groups()
-        self._send_output(outputs[:failed], grouped if failed == len(keys) else None, counts)
-        if failed < len(keys):
-            log.error("%s", errors[failed])
-            raise UDFError(_error_summary(errors[failed]))
-        emitted = sum(counts)
-        log.debug(
-            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count, tasks.num_rows, emitted, time.monotonic() - started, engine.name,
-        )
+        done.outputs += outputs[:ended]
+        done.counts += counts[:ended]
+        if bad:
+            done.failure = errors[bad[0]]
+            return False
+        return True
 
     def _send_output(self, outputs: list[bytes | None], grouped: Any, counts: list[int]) -> None:
         """Output frames to the writer, in input arrival order across groups when every group
@@ -804,10 +849,13 @@ class Agent:
             self.writer.send(frame)
 
 
-def _items(data: bytes) -> int:
-    """How many length-prefixed points ``data`` holds (set-aside batch input: rare)."""
-    ends = prefixed_ends(data)
-    return 0 if ends is None else len(ends)
+def _points_in(tasks: Any, grouped: Any, data: list[bytes], rows: Sequence[int]) -> list[int]:
+    """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
+    if grouped is not None:
+        first = tasks.column("seq")[0].as_py()  # a stream slice: its groups' counts are known
+        return [int(grouped.counts[first + row]) for row in rows]
+    ends = [prefixed_ends(data[row]) for row in rows]
+    return [0 if row_ends is None else len(row_ends) for row_ends in ends]
 
 
 def _first_line(exc: BaseException) -> str:
