@@ -347,6 +347,31 @@ def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
     assert len(heartbeats) >= 2 and all(s > 10**18 for s in heartbeats)
 
 
+def test_over_the_budget_a_keepalive_behind_the_held_input_is_answered_within_milliseconds():
+    from udf_agent.engine import Engines
+
+    config = AgentConfig(flush_interval=0.01, max_batch_points=100, max_pending_points=100)
+    harness = InProcessAgent(sample.slow_local, Engines(LocalEngine), config)
+    driver = harness.driver
+    assert driver.init(option("seconds", 2.0)).success
+    driver.point(time=0, name="m", fieldsDouble={"x": 0.0})  # computing for 2 s from now on
+    time.sleep(0.2)
+    for t in range(1, 101):  # a full budget waiting: the reader holds back what follows
+        driver.point(time=t, name="m", fieldsDouble={"x": float(t)})
+    time.sleep(0.2)
+    for t in range(101, 104):
+        driver.point(time=t, name="m", fieldsDouble={"x": float(t)})
+    driver.keepalive(4242)
+    # Read a few milliseconds later (the budget may be overshot by a tenth), not once the
+    # 2 s micro-batch has made room.
+    deadline = time.monotonic() + 10
+    while 4242 not in driver.responses.keepalive_seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert driver.keepalive_latencies()[0] < 0.5, driver.keepalive_latencies()
+    driver.responses.wait_for("point", 104, timeout=60)
+    assert harness.finish() == 0
+
+
 # ---- vectorized UDFs: one call for many groups ----
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 READ_SIZE = 4 * 1024 * 1024
 HEARTBEAT_INTERVAL = 0.25
+# Over the points budget the reader still reads this often, up to a tenth over it.
+TRICKLE_INTERVAL = 0.005
 # The longest an InitResponse waits for the hot path (compiled scanner and point
 # codec) to load; numba's first compile on a new machine can take longer.
 HOT_PATH_WAIT = 3.0
@@ -542,20 +544,29 @@ class Agent:
         return alive
 
     def _wait_for_room(self) -> None:
-        # Past the budget of waiting points, not reading is the backpressure:
-        # Kapacitor's writes block, and heartbeats keep its watchdog fed meanwhile.
+        """Past the budget of waiting points, not reading is the backpressure: Kapacitor's
+        writes block, and heartbeats keep its watchdog fed meanwhile.
+
+        Until the budget is overshot by a tenth, one more read is let through every
+        ``TRICKLE_INTERVAL``: a KeepaliveRequest queued behind the input is then answered
+        within that, not once compute has made room (a micro-batch later, ~100 ms)."""
         with self._cond:
-            while (
-                self._points_waiting() >= self.config.max_pending_points
-                and not self._compute_done.is_set()
-                and not self._stop_reading.is_set()
-            ):
+            budget = self.config.max_pending_points
+            trickle_at = time.monotonic() + TRICKLE_INTERVAL
+            heartbeat_at = time.monotonic() + HEARTBEAT_INTERVAL
+            while (waiting := self._points_waiting()) >= budget and not self._compute_done.is_set() and not self._stop_reading.is_set():
                 # Input left unread has an end already: the drain deadline starts now, not
                 # when compute has made room for the reader to get there.
                 if self._drain_deadline is None and self.connection.input_closed():
                     self._input_ended()
-                if not self._cond.wait(HEARTBEAT_INTERVAL):
+                now = time.monotonic()
+                trickle = waiting < budget + budget // 10
+                if trickle and now >= trickle_at:
+                    return
+                if now >= heartbeat_at:
                     self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
+                    heartbeat_at = now + HEARTBEAT_INTERVAL
+                self._cond.wait(min(trickle_at if trickle else heartbeat_at, heartbeat_at) - now)
 
     def _points_waiting(self) -> int:
         queued = sum(item.batch.count if isinstance(item, Compute) else item.points for item in self._work if isinstance(item, (Compute, Emit)))
