@@ -65,9 +65,6 @@ class SparkSettings:
     # Resident tasks to launch (default: Spark's default parallelism).
     resident_slots: int | None = None
 
-    def merged_conf(self) -> dict[str, str]:
-        return {**DEFAULT_CONF, **self.conf}
-
 
 class SparkEngine:
     """Starts a SparkSession in the background on first use and runs jobs on it.
@@ -114,6 +111,8 @@ class SparkEngine:
     def wait_ready(self) -> None:
         self.start()
         self._ready.wait()
+        if isinstance(self._error, SparkStartError):
+            raise self._error
         if self._error is not None:
             raise SparkStartError(f"Spark did not start ({self.settings.master}): {_first_line(self._error)}") from self._error
 
@@ -153,6 +152,7 @@ class SparkEngine:
 
     def _start_session(self) -> None:
         try:
+            check_reachable(self.settings.master)
             session = build_session(self.settings)
             self._start_dispatch(session)
             self._session = session
@@ -207,21 +207,64 @@ class SparkStartError(RuntimeError):
     pass
 
 
-def build_session(settings: SparkSettings) -> Any:
-    # Workers must run this interpreter (it has pyarrow and the UDF's module)
-    # and see the same import path as the agent.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # An embedded Spark talks to itself over loopback only.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# How long a cluster's master may take to accept a TCP connection before Spark is not
+# even tried: Spark itself retries an unreachable master for a minute, saying little.
+MASTER_CONNECT_TIMEOUT = 5.0
+
+
+def check_reachable(master: str) -> None:
+    """A ``spark://host:port[,host:port]`` master (standalone, with standby masters) must
+    accept a TCP connection on one of its addresses; SparkStartError names the URL and
+    why not. Other masters (local, yarn, k8s) are left to Spark."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not master.startswith("spark://"):
+        return
+    causes = []
+    for address in master[len("spark://") :].split(","):
+        try:
+            parts = urlsplit(f"//{address}")
+            host, port = parts.hostname, parts.port or 7077
+        except ValueError as exc:
+            raise SparkStartError(f"cannot use the Spark master {master}: {exc}") from None
+        if not host:
+            raise SparkStartError(f"cannot use the Spark master {master}: {address!r} names no host")
+        try:
+            socket.create_connection((host, port), timeout=MASTER_CONNECT_TIMEOUT).close()
+            return
+        except OSError as exc:
+            causes.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise SparkStartError(f"cannot reach the Spark master {master} ({'; '.join(causes)})")
+
+
+def agent_conf(settings: SparkSettings) -> dict[str, str]:
+    """Spark's configuration for this agent, as Spark conf (nothing set in our environment):
+    the defaults, what its Python workers need, then the user's ``--conf``, which wins."""
+    needs = {}
+    # Workers run this interpreter (it has pyarrow and the UDF's module) and import what the
+    # agent can: the UDF's module may live next to the current directory only. A PYSPARK_PYTHON
+    # the user set is theirs to keep.
+    if "PYSPARK_PYTHON" not in os.environ:
+        needs["spark.pyspark.python"] = sys.executable
+    if "PYSPARK_DRIVER_PYTHON" not in os.environ:
+        needs["spark.pyspark.driver.python"] = sys.executable
     paths = [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]
-    existing = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(([existing] if existing else []) + paths))
+    needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    if settings.master.startswith("local"):
+        # An embedded Spark talks to itself over loopback only; a cluster's executors must
+        # reach the driver at an address Spark (or the user's --conf) picks.
+        needs["spark.driver.host"] = "127.0.0.1"
+        needs["spark.driver.bindAddress"] = "127.0.0.1"
+    return {**DEFAULT_CONF, **needs, **settings.conf}
+
+
+def build_session(settings: SparkSettings) -> Any:
     from pyspark.sql import SparkSession
 
     log.info("starting Spark (master %s)", settings.master)
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in settings.merged_conf().items():
+    for key, value in agent_conf(settings).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -13,15 +13,13 @@ def spark_engine():
     """One real SparkSession for every in-process test: the JVM is slow to start."""
     from spark_backend import SparkEngine, SparkSettings
 
-    # Starting Spark sets PYTHONPATH and friends for its workers; agents the tests start
-    # later as processes must see the environment a user has, not ours.
-    environment = dict(os.environ)
     # Two resident workers, and a third slot left for tests of a job per micro-batch.
     engine = SparkEngine(SparkSettings(master="local[3]", resident_slots=2))
+    environment = dict(os.environ)
     engine.start()
     engine.wait_ready()
-    os.environ.clear()
-    os.environ.update(environment)
+    # Spark takes what it needs as conf: the environment later agent processes inherit is the user's.
+    assert dict(os.environ) == environment
     yield engine
     engine.stop()
 

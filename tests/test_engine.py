@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import sys
+import time
+
+import pytest
 
 from udf_agent.builtins import BUILTINS
 from udf_agent.cli import _engines
@@ -68,3 +74,35 @@ def test_computing_while_spark_starts_defaults_on_for_embedded_spark_only():
     assert _engines("spark://10.0.0.1:7077", ()).local_while_starting is False
     assert _engines("spark://10.0.0.1:7077", (), local_while_starting=True).local_while_starting is True
     assert _engines("local[*]", ()).local_max_points == 0
+
+
+def test_spark_gets_what_the_agent_needs_as_conf_and_a_cluster_no_loopback_address(monkeypatch):
+    from spark_backend.engine import SparkSettings, agent_conf
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    local = agent_conf(SparkSettings(master="local[2]"))
+    assert local["spark.driver.host"] == local["spark.driver.bindAddress"] == "127.0.0.1"
+    assert local["spark.pyspark.python"] == sys.executable
+    assert os.path.abspath(os.curdir) in local["spark.executorEnv.PYTHONPATH"].split(os.pathsep)
+    cluster = agent_conf(SparkSettings(master="spark://10.0.0.1:7077", conf={"spark.driver.memory": "1g"}))
+    assert "spark.driver.host" not in cluster and "spark.driver.bindAddress" not in cluster
+    assert cluster["spark.driver.memory"] == "1g"  # the user's --conf wins
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python")
+    assert "spark.pyspark.python" not in agent_conf(SparkSettings())  # the user's interpreter stays
+
+
+def test_an_unreachable_standalone_master_is_named_with_the_cause_at_once():
+    from spark_backend.engine import SparkStartError, check_reachable
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(SparkStartError, match=rf"cannot reach the Spark master spark://127.0.0.1:{port},127.0.0.1:{port} \(127.0.0.1:{port}: Connection refused; "):
+        check_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{port}")
+    assert time.monotonic() - started < 5
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{listening.getsockname()[1]}")  # a standby master answers
+    check_reachable("local[*]")

@@ -391,3 +391,19 @@ def test_the_input_pipe_holds_only_what_the_udf_reads_within_milliseconds(udf, e
     finally:
         for fd in (kapacitor_writes, agent_reads, kapacitor_reads):
             os.close(fd)
+
+
+def test_an_unreachable_spark_master_is_one_error_naming_it_and_the_cause_within_seconds(drivers):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        master = f"spark://127.0.0.1:{probe.getsockname()[1]}"
+    driver = drivers("run", "moving_avg", "--master", master)
+    started = time.monotonic()
+    assert driver.init(option("field", "x"), option("size", 2)).success
+    driver.point(time=1, name="m", fieldsDouble={"x": 1.0})
+    (error,) = driver.responses.wait_for("error", timeout=60)
+    assert time.monotonic() - started < 15
+    assert f"cannot reach the Spark master {master}" in error.error and "refused" in error.error, error.error
+    assert driver.process.wait(30) == 1

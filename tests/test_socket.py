@@ -766,6 +766,54 @@ def _moving_avg_session(path: str, first_time: int) -> tuple[SocketDriver, list]
 
 
 @pytest.mark.spark
+def test_serve_starts_spark_as_it_listens_and_shares_it_so_init_to_first_output_is_fast(servers, sock_dir):
+    path = os.path.join(sock_dir, "warm.sock")
+    server = servers.start(path, "moving_avg")
+    # While Spark starts, Info and keepalives are answered at once.
+    early = SocketDriver.connect(path)
+    started = time.monotonic()
+    assert early.info().wants == udf_pb2.STREAM
+    early.keepalive(7)
+    early.responses.wait_for("keepalive", timeout=5)
+    assert time.monotonic() - started < 2, server.log()
+    early.close()
+    # Spark comes up without any Init.
+    deadline = time.monotonic() + 120
+    while "compute engine ready" not in server.log():
+        assert time.monotonic() < deadline and server.process.poll() is None, server.log()
+        time.sleep(0.1)
+    for first_time in (0, 100):  # two sessions, one Spark
+        started = time.monotonic()
+        driver, points = _moving_avg_session(path, first_time)
+        elapsed = time.monotonic() - started
+        assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
+        driver.close()
+        assert elapsed <= 3, f"Init -> 4th output took {elapsed:.2f} s on a warm server\n{server.log()}"
+    assert server.log().count("starting Spark") == 1, server.log()
+
+
+@pytest.mark.spark
+def test_sigterm_while_spark_starts_ends_the_server_and_its_jvm_at_once(servers, sock_dir):
+    path = os.path.join(sock_dir, "starting.sock")
+    server = servers.start(path, "moving_avg")
+    deadline = time.monotonic() + 60
+    while not _java_descendants(server.pid):  # Spark's start-up is under way
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.05)
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait(10) == 0
+    while True:  # the JVM follows (its process group is the server's)
+        try:
+            os.killpg(server.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() - started < 10, f"the JVM outlived the server\n{server.log()}"
+        time.sleep(0.05)
+    assert not os.path.exists(path)
+
+
+@pytest.mark.spark
 def test_serve_replaces_a_dead_jvm_for_the_next_connection(servers, sock_dir):
     path = os.path.join(sock_dir, "jvm.sock")
     server = servers.start(path, "moving_avg", "--no-local-while-starting", "--flush-interval", "50ms")

@@ -75,7 +75,7 @@ class ConfType(click.ParamType[tuple[str, str]]):
 
 def _compute_options(function: Any) -> Any:
     decorators = [
-        click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default)."),
+        click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
         click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
         click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
@@ -223,6 +223,8 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     except SocketServerError as exc:
         raise click.ClickException(str(exc)) from None
     _on_stop_signals(server.shutdown)
+    # One Spark for every connection, started now: the first Init finds it warm.
+    engines.warm_up(spec)
     server.serve_forever()
     _exit(0, engines)
 

@@ -13,9 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from udf_agent.api import UDFSpec
+
+if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch is computed
+    import pyarrow as pa
+
+    from udf_agent.compute import Job
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +33,8 @@ class Engine(Protocol):
     def ready(self) -> bool:
         """Whether ``run`` would start at once (not wait for the engine to start)."""
 
-    def run(self, job: Any, tasks: Any) -> Any: ...
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
+        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
 
     def stop(self) -> None: ...
 
@@ -44,7 +50,7 @@ class LocalEngine:
     def ready(self) -> bool:
         return True
 
-    def run(self, job: Any, tasks: Any) -> Any:
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         from udf_agent.compute import compute_tasks
 
         return compute_tasks(job, tasks)
