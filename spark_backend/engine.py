@@ -118,6 +118,7 @@ class SparkEngine:
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+        ship_by_value(job.spec)
         exit_code = _dead_jvm_exit_code() if self._ready.is_set() else None
         if exit_code is not None:
             # Resident workers may outlive their JVM, but nothing supervises them any more.
@@ -207,6 +208,28 @@ class SparkStartError(RuntimeError):
     pass
 
 
+_SHIPPED: set[str] = set()
+
+
+def ship_by_value(spec: Any) -> None:
+    """The UDF's own code (its top-level package or module, unless installed in
+    site-packages) travels inside the pickled job, as the function's source would:
+    executors of a cluster need not have it, only the libraries it imports."""
+    from pyspark import cloudpickle
+
+    module = sys.modules.get(getattr(spec.function, "__module__", None) or "")
+    if module is None:
+        return
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    path = os.path.abspath(getattr(top, "__file__", None) or "")
+    installed = any(part in ("site-packages", "dist-packages") for part in path.split(os.sep))
+    if top.__name__ in _SHIPPED or top.__name__ in ("udf_agent", "spark_backend", "__main__") or installed or not path:
+        return
+    _SHIPPED.add(top.__name__)
+    cloudpickle.register_pickle_by_value(top)
+    log.info("the UDF's module %s is shipped to Spark's workers with each job (%s)", top.__name__, path)
+
+
 # How long a cluster's master may take to accept a TCP connection before Spark is not
 # even tried: Spark itself retries an unreachable master for a minute, saying little.
 MASTER_CONNECT_TIMEOUT = 5.0
@@ -250,6 +273,11 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
     if "PYSPARK_DRIVER_PYTHON" not in os.environ:
         needs["spark.pyspark.driver.python"] = sys.executable
     paths = [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]
+    # An editable install finds this project through an import hook, not a path: named too.
+    import spark_backend
+    import udf_agent
+
+    paths += [os.path.dirname(os.path.dirname(os.path.abspath(package.__file__ or ""))) for package in (udf_agent, spark_backend)]
     needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if settings.master.startswith("local"):
         # An embedded Spark talks to itself over loopback only; a cluster's executors must

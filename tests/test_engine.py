@@ -106,3 +106,39 @@ def test_an_unreachable_standalone_master_is_named_with_the_cause_at_once():
         listening.listen()
         check_reachable(f"spark://127.0.0.1:{port},127.0.0.1:{listening.getsockname()[1]}")  # a standby master answers
     check_reachable("local[*]")
+
+
+def test_a_udf_module_outside_site_packages_travels_inside_the_pickled_job(tmp_path, monkeypatch):
+    import subprocess
+    import textwrap
+
+    from pyspark import cloudpickle
+
+    from spark_backend.engine import ship_by_value
+    from udf_agent.compute import Job
+    from udf_agent.targets import resolve_target
+
+    (tmp_path / "travelling_udfs.py").write_text(
+        textwrap.dedent(
+            """
+            from udf_agent import stream_udf
+
+
+            def helper(values):
+                return values + 1
+
+
+            @stream_udf()
+            def plus_one(df, ctx):
+                return df.assign(v=helper(df["v"]))
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    spec = resolve_target("travelling_udfs:plus_one")
+    ship_by_value(spec)
+    pickled = cloudpickle.dumps(Job(spec, {}))
+    # Unpickled where the module cannot be imported: it came inside the job.
+    check = "import pickle, sys; import pandas as pd; job = pickle.loads(sys.stdin.buffer.read()); print(list(job.spec.function(pd.DataFrame({'v': [1.0]}), None)['v']))"
+    done = subprocess.run([sys.executable, "-c", check], input=pickled, capture_output=True, cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60)
+    assert done.returncode == 0 and done.stdout.decode().strip() == "[2.0]", done.stderr.decode()[-2000:]

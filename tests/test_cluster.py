@@ -1,0 +1,168 @@
+"""A real Spark standalone cluster on 127.0.0.1: a master and one worker started from the
+installed pyspark (``spark-class``), stopped at the end even when a test fails. The agent
+runs as Kapacitor runs it, ``udf-agent run TARGET --master spark://...``, and its resident
+workers are the cluster's executors, which connect back to it."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+from test_compute import TUKEY_VALUES, tukey_batch
+
+from udf_agent.testing import KapacitorDriver, option
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for(what: str, check, log_path: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            with open(log_path, errors="replace") as log:
+                raise AssertionError(f"{what} within {timeout:g} s\n{log.read()[-3000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The master's URL, once one worker has registered with it."""
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    spark_class = os.path.join(spark_home, "bin", "spark-class")
+    work = tmp_path_factory.mktemp("standalone")
+    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    daemons = []
+
+    def start(name: str, *args: str) -> str:
+        log_path = str(work / f"{name}.log")
+        with open(log_path, "wb") as log:
+            daemons.append(
+                subprocess.Popen([spark_class, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(work), start_new_session=True)
+            )
+        return log_path
+
+    try:
+        master_log = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()))
+        _wait_for("the master did not listen", lambda: _accepts(port), master_log)
+        worker_log = start(
+            "worker", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
+            "--webui-port", str(_free_port()), "--work-dir", str(work / "work"),
+        )
+        _wait_for("the worker did not register", lambda: "Successfully registered with master" in open(worker_log, errors="replace").read(), worker_log)
+        yield url
+    finally:
+        for daemon in daemons:
+            for signum in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(daemon.pid, signum)
+                    daemon.wait(10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def agent(standalone):
+    """Starts ``udf-agent run`` against the cluster; every agent is killed after the test."""
+    started = []
+
+    def start(target: str, cwd: str = ROOT) -> KapacitorDriver:
+        driver = KapacitorDriver("run", target, "--master", standalone, "--flush-interval", "50ms", cwd=cwd)
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.kill()
+
+
+def _outputs(driver: KapacitorDriver, count: int) -> list:
+    try:
+        return driver.responses.wait_for("point", count, timeout=180)
+    except AssertionError as exc:  # an ErrorResponse: say it, with the end of the agent's log
+        errors = [e.error for e in driver.responses.of("error")]
+        raise AssertionError(f"{exc}: {errors}\n{driver.log()[-4000:]}") from None
+
+
+def test_moving_avg_on_a_standalone_cluster_matches_plain_pandas(agent):
+    rng = random.Random(7)
+    sent = [(t, f"g{rng.randrange(5)}", rng.uniform(-100, 100)) for t in range(300)]
+    driver = agent("moving_avg")
+    assert driver.init(option("field", "v"), option("size", 4)).success
+    for t, group, value in sent:
+        driver.point(time=t, name="m", group=f"k={group}", dimensions=["k"], tags={"k": group}, fieldsDouble={"v": value})
+    points = _outputs(driver, len(sent))
+    assert driver.close(timeout=60) == 0, driver.log()
+    frame = pd.DataFrame(sent, columns=["time", "group", "v"])
+    expected = frame.groupby("group")["v"].transform(lambda s: s.rolling(4, min_periods=1).mean())
+    assert [p.time for p in points] == list(frame["time"])  # arrival order across groups
+    assert [p.fieldsDouble["avg"] for p in points] == pytest.approx(list(expected), rel=1e-12)
+    assert "compute engine ready: micro-batches run on Spark's resident workers" in driver.log()
+
+
+def test_outliers_on_a_standalone_cluster_match_the_tukey_fences(agent):
+    driver = agent("outliers")
+    assert driver.init(option("field", "value")).success
+    tukey_batch(driver, group="host=a", tags={"host": "a"}, values=TUKEY_VALUES, tmax=12345)
+    driver.responses.wait_for("end", 1, timeout=180)
+    assert driver.close(timeout=60) == 0, driver.log()
+    values = pd.Series(TUKEY_VALUES, dtype=float)
+    q1, q3 = values.quantile(0.25), values.quantile(0.75)
+    fences = (q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1))
+    got = sorted(p.fieldsDouble["value"] for p in driver.responses.of("point"))
+    assert got == sorted(v for v in TUKEY_VALUES if not fences[0] <= v <= fences[1])
+
+
+def test_a_udf_in_a_file_outside_the_package_reaches_the_executors(agent, tmp_path):
+    (tmp_path / "site_udfs.py").write_text(
+        textwrap.dedent(
+            """
+            from udf_agent import Option, stream_udf
+
+
+            def scaled(values, factor):
+                return values * factor
+
+
+            @stream_udf(options=[Option("factor", float)])
+            def scale(df, ctx):
+                return df.assign(v=scaled(df["v"], ctx.options["factor"]))[["v"]]
+            """
+        )
+    )
+    driver = agent("site_udfs:scale", cwd=str(tmp_path))
+    assert driver.init(option("factor", 2.5)).success
+    for t in range(10):
+        driver.point(time=t, name="m", fieldsDouble={"v": float(t)})
+    points = _outputs(driver, 10)
+    assert driver.close(timeout=60) == 0, driver.log()
+    assert [p.fieldsDouble["v"] for p in points] == [2.5 * t for t in range(10)]
+    assert "the UDF's module site_udfs is shipped to Spark's workers with each job" in driver.log()
