@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_backend.resident import ResidentWorkers
+from spark_backend.sessions import SparkSession, SparkStartError, open_session
 from udf_agent.compute import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,12 @@ class SparkSettings:
     batch_timeout: float = 60.0
     # Resident tasks to launch (default: Spark's default parallelism).
     resident_slots: int | None = None
+    # A Spark Connect server (sc://host:port): used instead of ``master``; no JVM here.
+    remote: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.remote or self.master
 
 
 class SparkEngine:
@@ -73,7 +80,7 @@ class SparkEngine:
     Spark accepts jobs from several threads.
     """
 
-    def __init__(self, settings: SparkSettings | None = None, session: Any = None):
+    def __init__(self, settings: SparkSettings | None = None, session: SparkSession | None = None):
         self.settings = settings or SparkSettings()
         self._session = session
         self._error: BaseException | None = None
@@ -94,8 +101,8 @@ class SparkEngine:
         return self._resident
 
     @property
-    def session(self) -> Any:
-        """The SparkSession, once started."""
+    def session(self) -> SparkSession | None:
+        """The Spark session, once started."""
         return self._session
 
     def start(self) -> None:
@@ -114,12 +121,12 @@ class SparkEngine:
         if isinstance(self._error, SparkStartError):
             raise self._error
         if self._error is not None:
-            raise SparkStartError(f"Spark did not start ({self.settings.master}): {_first_line(self._error)}") from self._error
+            raise SparkStartError(f"Spark did not start ({self.settings.url}): {_first_line(self._error)}") from self._error
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
         ship_by_value(job.spec)
-        exit_code = _dead_jvm_exit_code() if self._ready.is_set() else None
+        exit_code = self._jvm_exit_code() if self._ready.is_set() else None
         if exit_code is not None:
             # Resident workers may outlive their JVM, but nothing supervises them any more.
             self._replace_dead_jvm(exit_code)
@@ -127,15 +134,20 @@ class SparkEngine:
         try:
             return self._run(job, tasks)
         except Exception:
-            exit_code = _dead_jvm_exit_code()
+            exit_code = self._jvm_exit_code()
             if exit_code is not None:
                 self._replace_dead_jvm(exit_code)
             raise
 
+    def _jvm_exit_code(self) -> int | None:
+        session = self._session
+        return None if session is None else session.jvm_exit_code()
+
     def _run(self, job: Job, tasks: pa.Table) -> pa.Table:
         if self._resident is not None:
             return self._resident.run(job, tasks)
-        frame = self._session.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
+        assert self._session is not None  # ready
+        frame = self._session.dataframes.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
         results = frame.mapInPandas(functools.partial(run_partition, job), schema=RESULT_DDL).toPandas()
         results = results.sort_values("seq", kind="stable").reset_index(drop=True)
         for column in ("output", "history"):
@@ -153,8 +165,7 @@ class SparkEngine:
 
     def _start_session(self) -> None:
         try:
-            check_reachable(self.settings.master)
-            session = build_session(self.settings)
+            session = open_session(self.settings)
             self._start_dispatch(session)
             self._session = session
             log.info("compute engine ready: micro-batches run %s", self.name)
@@ -190,11 +201,10 @@ class SparkEngine:
             SparkSession._activeSession = None
         self.start()
 
-    def _start_dispatch(self, session: Any) -> None:
+    def _start_dispatch(self, session: SparkSession) -> None:
         if self.settings.dispatch == "resident":
-            slots = self.settings.resident_slots or session.sparkContext.defaultParallelism
-            host = "127.0.0.1" if self.settings.master.startswith("local") else session.sparkContext.getConf().get("spark.driver.host")
-            resident = ResidentWorkers(session, slots, host, self.settings.batch_timeout)
+            slots = self.settings.resident_slots or session.parallelism()
+            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout)
             resident.start()
             self._resident = resident
         else:
@@ -202,10 +212,6 @@ class SparkEngine:
                 _warm_workers(session)
             except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself
                 log.warning("warming Spark's Python workers failed: %s", _first_line(exc))
-
-
-class SparkStartError(RuntimeError):
-    pass
 
 
 _SHIPPED: set[str] = set()
@@ -287,26 +293,9 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
     return {**DEFAULT_CONF, **needs, **settings.conf}
 
 
-def build_session(settings: SparkSettings) -> Any:
-    from pyspark.sql import SparkSession
-
-    log.info("starting Spark (master %s)", settings.master)
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in agent_conf(settings).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
-    for key in settings.conf:
-        # Read back from the live session: proof that the user's setting reached Spark.
-        log.info("Spark conf %s=%s", key, session.sparkContext.getConf().get(key))
-    log.info("Spark %s ready (master %s)", session.version, settings.master)
-    return session
-
-
-def _warm_workers(session: Any) -> None:
+def _warm_workers(session: SparkSession) -> None:
     """Runs one tiny job so the first micro-batch does not pay for starting Python workers."""
-    parallelism = session.sparkContext.defaultParallelism
-    frame = session.createDataFrame(pd.DataFrame({"n": range(parallelism)}), schema="n long")
+    frame = session.dataframes.createDataFrame(pd.DataFrame({"n": range(session.parallelism())}), schema="n long")
     frame.mapInPandas(_import_compute, schema="n long").count()
 
 
@@ -316,14 +305,6 @@ def _import_compute(frames: Any) -> Any:
 
     pointcodec.warm_up()  # numba's compiled decoder, from its cache
     yield from frames
-
-
-def _dead_jvm_exit_code() -> int | None:
-    """The exit code of this process's Spark JVM if it has died, else None."""
-    from pyspark import SparkContext
-
-    process = getattr(SparkContext._gateway, "proc", None)
-    return None if process is None else process.poll()
 
 
 def _first_line(exc: BaseException) -> str:

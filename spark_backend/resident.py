@@ -35,13 +35,16 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
 
 from udf_agent.compute import Job, compute_tasks
 from udf_agent.table import ipc_to_table, table_to_ipc_buffer
+
+if TYPE_CHECKING:  # the workers import this module: no Spark session code there
+    from spark_backend.sessions import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +158,7 @@ class _Worker:
 class ResidentWorkers:
     """The agent's end of the resident job: launches it, feeds it, relaunches it."""
 
-    def __init__(self, session: Any, slots: int, host: str, batch_timeout: float, start_timeout: float = 120.0):
+    def __init__(self, session: SparkSession, slots: int, host: str, batch_timeout: float, start_timeout: float = 120.0):
         self._session = session
         self.slots = slots
         self._host = host
@@ -314,8 +317,8 @@ class ResidentWorkers:
         import functools
 
         try:
-            self._session.sparkContext.setJobGroup(group, "udf-agent resident workers", interruptOnCancel=True)
-            frame = self._session.range(0, self.slots, 1, self.slots)
+            self._session.tag_jobs(group)
+            frame = self._session.dataframes.range(0, self.slots, 1, self.slots)
             frame.mapInPandas(functools.partial(serve_slot, address, token), schema="slot long, served long").collect()
         except BaseException as exc:  # read by whoever waits for the workers; cancelling ends here too
             self._job_error = exc
@@ -346,7 +349,7 @@ class ResidentWorkers:
         thread.join(clean_end)
         if thread.is_alive():
             try:
-                self._session.sparkContext.cancelJobGroup(self._job_group)
+                self._session.cancel(self._job_group)
             except Exception as exc:  # a dead JVM: its job is gone with it
                 log.warning("cancelling Spark's resident job failed: %s", _first_line(exc))
             thread.join(after_cancel)

@@ -169,3 +169,10 @@ def test_the_dead_letter_directory_is_created_and_reaches_the_agent(tmp_path):
     assert directory.is_dir()
     config = _agent_config({"on_error": policy})
     assert (config.on_error, config.dead_letter_dir) == ("dead-letter", str(directory))
+
+
+@pytest.mark.parametrize("args, env", [(["--remote", "http://h:15002"], {}), ([], {"SPARK_REMOTE": "spark://h:7077"})])
+def test_remote_must_be_a_spark_connect_url(runner, args, env):
+    result = runner.invoke(main, ["run", "moving_avg", *args], env=env)
+    assert result.exit_code == 2
+    assert "is not a Spark Connect URL (sc://HOST:PORT)" in result.output

@@ -1,7 +1,8 @@
-"""A real Spark standalone cluster on 127.0.0.1: a master and one worker started from the
-installed pyspark (``spark-class``), stopped at the end even when a test fails. The agent
-runs as Kapacitor runs it, ``udf-agent run TARGET --master spark://...``, and its resident
-workers are the cluster's executors, which connect back to it."""
+"""Real Spark servers on 127.0.0.1, started from the installed pyspark and stopped at the end
+even when a test fails: a standalone cluster (a master and one worker, ``spark-class``) and a
+Spark Connect server (``spark-submit`` of its server class). The agent runs as Kapacitor runs
+it, ``udf-agent run TARGET --master spark://...`` or ``--remote sc://...``, and its resident
+workers are the servers' executors, which connect back to it."""
 
 from __future__ import annotations
 
@@ -40,38 +41,31 @@ def _wait_for(what: str, check, log_path: str, timeout: float = 90) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def standalone(tmp_path_factory):
-    """The master's URL, once one worker has registered with it."""
-    import pyspark
+class Daemons:
+    """Spark server processes started from the installed pyspark, each in its own process
+    group with its log in ``work``; ``stop`` kills every one of them."""
 
-    spark_home = os.path.dirname(pyspark.__file__)
-    spark_class = os.path.join(spark_home, "bin", "spark-class")
-    work = tmp_path_factory.mktemp("standalone")
-    env = {**os.environ, "SPARK_HOME": spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    daemons = []
+    def __init__(self, work):
+        import pyspark
 
-    def start(name: str, *args: str) -> str:
-        log_path = str(work / f"{name}.log")
+        self.spark_home = os.path.dirname(pyspark.__file__)
+        self.work = work
+        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
+        self._started: list[subprocess.Popen] = []
+
+    def start(self, name: str, program: str, *args: str) -> str:
+        log_path = str(self.work / f"{name}.log")
         with open(log_path, "wb") as log:
-            daemons.append(
-                subprocess.Popen([spark_class, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(work), start_new_session=True)
+            self._started.append(
+                subprocess.Popen(
+                    [os.path.join(self.spark_home, "bin", program), *args],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
+                )
             )
         return log_path
 
-    try:
-        master_log = start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()))
-        _wait_for("the master did not listen", lambda: _accepts(port), master_log)
-        worker_log = start(
-            "worker", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-            "--webui-port", str(_free_port()), "--work-dir", str(work / "work"),
-        )
-        _wait_for("the worker did not register", lambda: "Successfully registered with master" in open(worker_log, errors="replace").read(), worker_log)
-        yield url
-    finally:
-        for daemon in daemons:
+    def stop(self) -> None:
+        for daemon in self._started:
             for signum in (signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(daemon.pid, signum)
@@ -79,6 +73,42 @@ def standalone(tmp_path_factory):
                     break
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     continue
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """The master's URL, once one worker has registered with it."""
+    daemons = Daemons(tmp_path_factory.mktemp("standalone"))
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    try:
+        master_log = daemons.start("master", "spark-class", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()))
+        _wait_for("the master did not listen", lambda: _accepts(port), master_log)
+        worker_log = daemons.start(
+            "worker", "spark-class", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
+            "--webui-port", str(_free_port()), "--work-dir", str(daemons.work / "work"),
+        )
+        _wait_for("the worker did not register", lambda: "Successfully registered with master" in open(worker_log, errors="replace").read(), worker_log)
+        yield url
+    finally:
+        daemons.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """The URL of a Spark Connect server (local[2] behind it), once it listens."""
+    daemons = Daemons(tmp_path_factory.mktemp("connect"))
+    port = _free_port()
+    try:
+        log_path = daemons.start(
+            "connect", "spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
+            "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", "spark.ui.enabled=false", "spark-internal",
+        )
+        _wait_for("the Spark Connect server did not listen", lambda: _accepts(port), log_path)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        daemons.stop()
 
 
 def _accepts(port: int) -> bool:
@@ -89,13 +119,16 @@ def _accepts(port: int) -> bool:
         return False
 
 
-@pytest.fixture
-def agent(standalone):
-    """Starts ``udf-agent run`` against the cluster; every agent is killed after the test."""
+@pytest.fixture(params=["standalone", "connect"])
+def agent(request):
+    """Starts ``udf-agent run`` against a standalone cluster or a Spark Connect server; every
+    agent is killed after the test."""
+    url = request.getfixturevalue("standalone" if request.param == "standalone" else "connect_server")
+    where = ["--master", url] if request.param == "standalone" else ["--remote", url]
     started = []
 
     def start(target: str, cwd: str = ROOT) -> KapacitorDriver:
-        driver = KapacitorDriver("run", target, "--master", standalone, "--flush-interval", "50ms", cwd=cwd)
+        driver = KapacitorDriver("run", target, *where, "--flush-interval", "50ms", cwd=cwd)
         started.append(driver)
         return driver
 
@@ -104,12 +137,21 @@ def agent(standalone):
         driver.kill()
 
 
+def _java_descendants(pid: int) -> list[int]:
+    from benchmarks.driver import descendants, process_name
+
+    return [child for child in descendants(pid) if process_name(child) == "java"]
+
+
 def _outputs(driver: KapacitorDriver, count: int) -> list:
     try:
-        return driver.responses.wait_for("point", count, timeout=180)
+        points = driver.responses.wait_for("point", count, timeout=180)
     except AssertionError as exc:  # an ErrorResponse: say it, with the end of the agent's log
         errors = [e.error for e in driver.responses.of("error")]
         raise AssertionError(f"{exc}: {errors}\n{driver.log()[-4000:]}") from None
+    if "--remote" in driver.process.args:
+        assert not _java_descendants(driver.process.pid), "a JVM under an agent computing on Spark Connect"
+    return points
 
 
 def test_moving_avg_on_a_standalone_cluster_matches_plain_pandas(agent):

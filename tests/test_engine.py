@@ -92,7 +92,7 @@ def test_spark_gets_what_the_agent_needs_as_conf_and_a_cluster_no_loopback_addre
 
 
 def test_an_unreachable_standalone_master_is_named_with_the_cause_at_once():
-    from spark_backend.engine import SparkStartError, check_reachable
+    from spark_backend.sessions import SparkStartError, check_reachable
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -393,17 +393,18 @@ def test_the_input_pipe_holds_only_what_the_udf_reads_within_milliseconds(udf, e
             os.close(fd)
 
 
-def test_an_unreachable_spark_master_is_one_error_naming_it_and_the_cause_within_seconds(drivers):
+@pytest.mark.parametrize("option_name, scheme, kind", [("--master", "spark", "Spark master"), ("--remote", "sc", "Spark Connect server")])
+def test_an_unreachable_spark_is_one_error_naming_it_and_the_cause_within_seconds(drivers, option_name, scheme, kind):
     import socket
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
-        master = f"spark://127.0.0.1:{probe.getsockname()[1]}"
-    driver = drivers("run", "moving_avg", "--master", master)
+        url = f"{scheme}://127.0.0.1:{probe.getsockname()[1]}"
+    driver = drivers("run", "moving_avg", option_name, url)
     started = time.monotonic()
     assert driver.init(option("field", "x"), option("size", 2)).success
     driver.point(time=1, name="m", fieldsDouble={"x": 1.0})
     (error,) = driver.responses.wait_for("error", timeout=60)
     assert time.monotonic() - started < 15
-    assert f"cannot reach the Spark master {master}" in error.error and "refused" in error.error, error.error
+    assert f"cannot reach the {kind} {url}" in error.error and "refused" in error.error, error.error
     assert driver.process.wait(30) == 1

@@ -73,10 +73,19 @@ class ConfType(click.ParamType[tuple[str, str]]):
         return key.strip(), val.strip()
 
 
+def _connect_url(ctx: Any, param: Any, value: str | None) -> str | None:
+    if not value:  # an empty SPARK_REMOTE means none
+        return None
+    if not value.startswith("sc://"):
+        raise click.BadParameter(f"{value!r} is not a Spark Connect URL (sc://HOST:PORT)")
+    return value
+
+
 def _compute_options(function: Any) -> Any:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
-        click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable."),
+        click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master: the agent starts no JVM (needs the 'connect' extra). Also read from SPARK_REMOTE, as PySpark does. An unreachable server fails the task with an ErrorResponse naming it and the cause."),
+        click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable (with --remote: runtime settings only)."),
         click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
         click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
         click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),
@@ -107,21 +116,22 @@ def _load(target: str) -> Any:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0) -> Any:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Any:
     from udf_agent.engine import Engines
+
 
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout))
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, remote=remote))
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
-        local_while_starting = master.startswith("local")
+        local_while_starting = master.startswith("local") and remote is None
     return Engines(make_spark, local_max_points, local_while_starting)
 
 
-_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "local_while_starting", "local_max_points")
+_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "local_while_starting", "local_max_points", "remote")
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,0 +1,212 @@
+"""The one boundary between the engine and Spark: a session, classic or Spark Connect.
+
+``open_session`` picks the implementation from the URL: ``sc://host:port`` (``--remote``,
+or ``SPARK_REMOTE``) is a Spark Connect server, reached by PySpark's light client (no
+JVM in the agent); anything else is a ``--master`` for a classic session with its JVM in
+this process. The engine and the resident workers use only what ``SparkSession`` declares:
+the DataFrame API both sessions share, and the few things that differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession as ClassicSparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    from spark_backend.engine import SparkSettings
+
+log = logging.getLogger(__name__)
+
+CONNECT_DEFAULT_PORT = 15002
+STANDALONE_DEFAULT_PORT = 7077
+# How long a cluster's master or a Connect server may take to accept a TCP connection
+# before Spark is not even tried: Spark itself retries an unreachable master for a minute.
+CONNECT_TIMEOUT = 5.0
+# Resident tasks on a server whose parallelism cannot be read (Spark Connect hides the
+# SparkContext): two, unless --conf spark.default.parallelism says otherwise.
+FALLBACK_SLOTS = 2
+
+
+class SparkStartError(RuntimeError):
+    """Spark could not be started or reached; the message names the URL and the cause."""
+
+
+class SparkSession(Protocol):
+    """A started session, classic or Connect."""
+
+    url: str
+    dataframes: ClassicSparkSession | ConnectSparkSession  # the DataFrame API, the same in both
+
+    def parallelism(self) -> int:
+        """Python tasks Spark runs at once: how many resident workers to launch."""
+
+    def agent_host(self) -> str:
+        """The address at which Spark's executors reach this agent."""
+
+    def tag_jobs(self, tag: str) -> None:
+        """Jobs this thread starts from now on can be cancelled together as ``tag``."""
+
+    def cancel(self, tag: str) -> None:
+        """Cancels the running jobs tagged ``tag``, interrupting their Python workers."""
+
+    def jvm_exit_code(self) -> int | None:
+        """The exit code of this process's JVM if it has died; None while it runs (or there is none)."""
+
+    def stop(self) -> None: ...
+
+
+def open_session(settings: SparkSettings) -> SparkSession:
+    """A session for ``settings.remote`` (Spark Connect) or else ``settings.master``."""
+    if settings.remote:
+        return ConnectSession.open(settings)
+    return ClassicSession.open(settings)
+
+
+def check_reachable(url: str) -> None:
+    """A ``spark://host:port[,host:port]`` master (standby masters too) or an ``sc://``
+    server must accept a TCP connection (on one of its addresses); SparkStartError names
+    the URL and why not. Other masters (local, yarn, k8s) are left to Spark."""
+    if url.startswith("spark://"):
+        addresses, default_port = url[len("spark://") :].split(","), STANDALONE_DEFAULT_PORT
+    elif url.startswith("sc://"):
+        addresses, default_port = [url[len("sc://") :].partition("/")[0].partition(";")[0]], CONNECT_DEFAULT_PORT
+    else:
+        return
+    causes = []
+    for address in addresses:
+        host, port = _host_port(url, address, default_port)
+        try:
+            socket.create_connection((host, port), timeout=CONNECT_TIMEOUT).close()
+            return
+        except OSError as exc:
+            causes.append(f"{host}:{port}: {exc.strerror or exc}")
+    kind = "Spark Connect server" if url.startswith("sc://") else "Spark master"
+    raise SparkStartError(f"cannot reach the {kind} {url} ({'; '.join(causes)})")
+
+
+def _host_port(url: str, address: str, default_port: int) -> tuple[str, int]:
+    try:
+        parts = urlsplit(f"//{address}")
+        host, port = parts.hostname, parts.port or default_port
+    except ValueError as exc:
+        raise SparkStartError(f"cannot use {url}: {exc}") from None
+    if not host:
+        raise SparkStartError(f"cannot use {url}: {address!r} names no host")
+    return host, port
+
+
+def _address_towards(host: str, port: int) -> str:
+    """This machine's address on the route to ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+class ClassicSession:
+    """A SparkSession with its JVM in this process (embedded, or the driver of a cluster)."""
+
+    def __init__(self, url: str, session: ClassicSparkSession):
+        self.url = url
+        self.dataframes = session
+
+    @classmethod
+    def open(cls, settings: SparkSettings) -> ClassicSession:
+        from pyspark.sql import SparkSession as Builder
+
+        from spark_backend.engine import agent_conf
+
+        check_reachable(settings.master)
+        log.info("starting Spark (master %s)", settings.master)
+        builder = Builder.builder.master(settings.master).appName(settings.app_name)
+        for key, value in agent_conf(settings).items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("WARN")
+        for key in settings.conf:
+            # Read back from the live session: proof that the user's setting reached Spark.
+            log.info("Spark conf %s=%s", key, session.sparkContext.getConf().get(key))
+        log.info("Spark %s ready (master %s)", session.version, settings.master)
+        return cls(settings.master, session)
+
+    def parallelism(self) -> int:
+        return int(self.dataframes.sparkContext.defaultParallelism)
+
+    def agent_host(self) -> str:
+        if self.url.startswith("local"):
+            return "127.0.0.1"
+        return str(self.dataframes.sparkContext.getConf().get("spark.driver.host"))
+
+    def tag_jobs(self, tag: str) -> None:
+        # A job group, not a session tag: only a group's cancellation interrupts (kills) a
+        # Python worker that is stuck or stopped.
+        self.dataframes.sparkContext.setJobGroup(tag, "udf-agent resident workers", interruptOnCancel=True)
+
+    def cancel(self, tag: str) -> None:
+        self.dataframes.sparkContext.cancelJobGroup(tag)
+
+    def jvm_exit_code(self) -> int | None:
+        from pyspark import SparkContext
+
+        process = getattr(SparkContext._gateway, "proc", None)
+        return None if process is None else process.poll()
+
+    def stop(self) -> None:
+        self.dataframes.stop()
+
+
+class ConnectSession:
+    """A Spark Connect client session: the server runs the JVM, its executors the UDF."""
+
+    def __init__(self, url: str, session: ConnectSparkSession):
+        self.url = url
+        self.dataframes = session
+
+    @classmethod
+    def open(cls, settings: SparkSettings) -> ConnectSession:
+        from pyspark.sql.connect.session import SparkSession as Builder
+
+        url = settings.remote or ""
+        check_reachable(url)
+        log.info("connecting to the Spark Connect server %s", url)
+        try:
+            session = Builder.builder.remote(url).getOrCreate()
+            for key, value in settings.conf.items():
+                session.conf.set(key, value)  # runtime settings only: the server owns the rest
+            version = session.version
+        except Exception as exc:
+            raise SparkStartError(f"cannot use the Spark Connect server {url}: {_first_line(exc)}") from exc
+        log.info("Spark %s ready (Spark Connect server %s)", version, url)
+        return cls(url, session)
+
+    def parallelism(self) -> int:
+        configured = self.dataframes.conf.get("spark.default.parallelism", None)
+        return int(configured) if configured else FALLBACK_SLOTS
+
+    def agent_host(self) -> str:
+        host, port = _host_port(self.url, self.url[len("sc://") :].partition("/")[0].partition(";")[0], CONNECT_DEFAULT_PORT)
+        return _address_towards(host, port)
+
+    def tag_jobs(self, tag: str) -> None:
+        self.dataframes.addTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.dataframes.interruptTag(tag)
+
+    def jvm_exit_code(self) -> int | None:
+        return None  # the server's JVM is not ours to watch
+
+    def stop(self) -> None:
+        self.dataframes.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
