@@ -53,6 +53,9 @@ def test_kapacitor_conf_for_a_builtin(runner):
     assert lines[3] == '  timeout = "10s"'
     assert "@movingAvg().field('usage_user').size(10).as('avg')" in result.output
     assert "PYTHONPATH" not in result.output
+    # The socket form too, commented out: the serve command and the block that goes with it.
+    assert f"#   {prog} serve --socket /var/run/udf-agent/movingAvg.sock moving_avg" in lines
+    assert lines[lines.index("# [udf.functions.movingAvg]") + 1] == '#   socket = "/var/run/udf-agent/movingAvg.sock"'
 
 
 def test_kapacitor_conf_names_the_installed_console_script():

@@ -285,8 +285,21 @@ def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
         "  args = [" + ", ".join(f'"{a}"' for a in args) + "]",
         '  timeout = "10s"',
     ]
+    environment = ""
     if target not in builtin_specs():
         lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{_import_root(target)}"']
+        environment = f"PYTHONPATH={_import_root(target)} "
+    socket_path = f"/var/run/udf-agent/{name}.sock"
+    serve = " ".join([prog, *args[:-2], "serve", "--socket", socket_path, target])
+    lines += [
+        "",
+        "# Or a socket UDF: one server, its Spark shared by every task. Run",
+        f"#   {environment}{serve}",
+        "# and use this block instead of the one above:",
+        f"# [udf.functions.{name}]",
+        f'#   socket = "{socket_path}"',
+        '#   timeout = "10s"',
+    ]
     call = "".join(f".{o.name}({_tick_example(o)})" for o in spec.options if not o.multiple)
     source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
