@@ -97,6 +97,7 @@ class RunResult:
     latency: LatencyStats | None = None
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)
     stderr_tail: list[str] = field(default_factory=list)
+    repeats_steady_pps: list[float | None] | None = None  # every run's, when the run was repeated
 
     @property
     def ok(self) -> bool:

@@ -137,3 +137,15 @@ def test_baseline_moving_avg_equals_the_projects(exact):
             assert point.fieldsDouble["avg"] == pytest.approx(other.fieldsDouble["avg"], rel=1e-12, abs=0)
             point.fieldsDouble["avg"] = other.fieldsDouble["avg"]
             assert point == other
+
+
+def test_repeated_runs_report_the_median_one_and_keep_every_rate():
+    from benchmarks.driver import RunResult
+    from benchmarks.run import _median_run
+
+    runs = [RunResult("a", "w", steady_pps=rate) for rate in (300.0, 100.0, 200.0)]
+    median = _median_run(runs)
+    assert median.steady_pps == 200.0 and median.repeats_steady_pps == [300.0, 100.0, 200.0]
+    failed = RunResult("a", "w", status="error", steady_pps=900.0)
+    assert _median_run([failed, RunResult("a", "w", steady_pps=100.0)]).status == "error"  # the lower middle: the failure
+    assert _median_run(runs[:1]).repeats_steady_pps is None

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest
 from test_compute import TUKEY_VALUES, tukey_batch
 
+from benchmarks.spark_servers import connect_server, standalone_cluster
 from udf_agent.testing import KapacitorDriver, option
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -26,104 +22,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_for(what: str, check, log_path: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            with open(log_path, errors="replace") as log:
-                raise AssertionError(f"{what} within {timeout:g} s\n{log.read()[-3000:]}")
-        time.sleep(0.2)
-
-
-class Daemons:
-    """Spark server processes started from the installed pyspark, each in its own process
-    group with its log in ``work``; ``stop`` kills every one of them."""
-
-    def __init__(self, work):
-        import pyspark
-
-        self.spark_home = os.path.dirname(pyspark.__file__)
-        self.work = work
-        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
-        self._started: list[subprocess.Popen] = []
-
-    def start(self, name: str, program: str, *args: str) -> str:
-        log_path = str(self.work / f"{name}.log")
-        with open(log_path, "wb") as log:
-            self._started.append(
-                subprocess.Popen(
-                    [os.path.join(self.spark_home, "bin", program), *args],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
-                )
-            )
-        return log_path
-
-    def stop(self) -> None:
-        for daemon in self._started:
-            for signum in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(daemon.pid, signum)
-                    daemon.wait(10)
-                    break
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    continue
-
-
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
-    """The master's URL, once one worker has registered with it."""
-    daemons = Daemons(tmp_path_factory.mktemp("standalone"))
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    try:
-        master_log = daemons.start("master", "spark-class", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()))
-        _wait_for("the master did not listen", lambda: _accepts(port), master_log)
-        worker_log = daemons.start(
-            "worker", "spark-class", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
-            "--webui-port", str(_free_port()), "--work-dir", str(daemons.work / "work"),
-        )
-        _wait_for("the worker did not register", lambda: "Successfully registered with master" in open(worker_log, errors="replace").read(), worker_log)
+    with standalone_cluster(tmp_path_factory.mktemp("standalone")) as (url, _):
         yield url
-    finally:
-        daemons.stop()
 
 
 @pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
-    """The URL of a Spark Connect server (local[2] behind it), once it listens."""
-    daemons = Daemons(tmp_path_factory.mktemp("connect"))
-    port = _free_port()
-    try:
-        log_path = daemons.start(
-            "connect", "spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]",
-            "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", "spark.ui.enabled=false", "spark-internal",
-        )
-        _wait_for("the Spark Connect server did not listen", lambda: _accepts(port), log_path)
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        daemons.stop()
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+def connect(tmp_path_factory):
+    with connect_server(tmp_path_factory.mktemp("connect")) as (url, _):
+        yield url
 
 
 @pytest.fixture(params=["standalone", "connect"])
 def agent(request):
     """Starts ``udf-agent run`` against a standalone cluster or a Spark Connect server; every
     agent is killed after the test."""
-    url = request.getfixturevalue("standalone" if request.param == "standalone" else "connect_server")
+    url = request.getfixturevalue(request.param)
     where = ["--master", url] if request.param == "standalone" else ["--remote", url]
     started = []
 

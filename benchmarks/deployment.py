@@ -1,0 +1,216 @@
+"""What each way of deploying the agent costs, measured: memory per task and time to first
+output (embedded Spark, ``serve`` sharing one Spark, Spark Connect, a standalone cluster),
+and how a compute-heavy batch UDF scales from 1 to 2 executors on a local standalone cluster.
+
+    .venv/bin/python benchmarks/deployment.py [--json PATH]
+
+Starts every server it needs from the installed pyspark and stops them on the way out.
+Prints a table; the figures are for the machine it runs on (see docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.driver import _rss_mb, descendants  # noqa: E402
+from benchmarks.spark_servers import connect_server, standalone_cluster  # noqa: E402
+from udf_agent import udf_pb2  # noqa: E402
+from udf_agent.testing import KapacitorDriver, SocketDriver, grouped_point, option  # noqa: E402
+
+SECOND = 1_000_000_000
+T0 = 1_700_000_000 * SECOND
+POINTS = 2_000  # per task: a few micro-batches of moving_avg over 20 groups
+READY_LOG = "compute engine ready"
+
+
+def tree_mb(pid: int) -> float:
+    return _rss_mb(pid) + sum(_rss_mb(child) for child in descendants(pid))
+
+
+def feed_moving_avg(driver: KapacitorDriver | SocketDriver, first: int = 0) -> tuple[float, float]:
+    """Init, then POINTS points; seconds from Init to its answer and to the first output point."""
+    started = time.monotonic()
+    assert driver.init(option("field", "value"), option("size", 10)).success
+    answered = time.monotonic() - started
+    for i in range(POINTS):
+        driver.send(udf_pb2.Request(point=grouped_point(T0 + (first + i) * SECOND, f"h{i % 20}", float(i))))
+    driver.responses.wait_for("point", 1, timeout=180)
+    first_output = time.monotonic() - started
+    driver.responses.wait_for("point", POINTS, timeout=180)
+    return answered, first_output
+
+
+def wait_for_log(read_log: Any, timeout: float = 180) -> float:
+    started = time.monotonic()
+    while READY_LOG not in read_log():
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"no {READY_LOG!r} within {timeout} s")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def process_udf(*where: str) -> dict[str, Any]:
+    """One task as a process UDF: Init -> first output, Init -> Spark ready, its process tree."""
+    driver = KapacitorDriver("run", "moving_avg", *where, cwd=REPO)
+    try:
+        started = time.monotonic()
+        _, first_output = feed_moving_avg(driver)
+        wait_for_log(driver.log)
+        spark_ready = time.monotonic() - started
+        time.sleep(1)  # the task runs on: its memory, warm
+        return {
+            "first_output_s": round(first_output, 2),
+            "spark_ready_s": round(spark_ready, 1),
+            "task_tree_mb": round(tree_mb(driver.process.pid)),
+            "jvm_in_task": any(_is_java(pid) for pid in descendants(driver.process.pid)),
+        }
+    finally:
+        driver.kill()
+
+
+def _is_java(pid: int) -> bool:
+    from benchmarks.driver import process_name
+
+    return process_name(pid) == "java"
+
+
+def serve_shared(work: Path) -> dict[str, Any]:
+    """``serve``: Spark started at listen; Init -> first output per task; memory per extra task."""
+    import subprocess
+
+    path = str(work / "udf.sock")
+    log_path = work / "serve.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "udf_agent", "serve", "--socket", path, "moving_avg"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+        )
+    try:
+        warm_after = wait_for_log(lambda: log_path.read_text(errors="replace"))
+        idle_mb = tree_mb(server.pid)
+        sessions, firsts, trees = [], [], []
+        for n in range(2):
+            driver = SocketDriver.connect(path)
+            sessions.append(driver)
+            _, first_output = feed_moving_avg(driver, first=n * 10 * POINTS)
+            firsts.append(round(first_output, 2))
+            time.sleep(1)
+            trees.append(tree_mb(server.pid))
+        for driver in sessions:
+            driver.close()
+        return {
+            "server_spark_ready_s": round(warm_after, 1),
+            "first_output_s": firsts,
+            "server_tree_mb_idle": round(idle_mb),
+            "server_tree_mb_with_1_and_2_tasks": [round(mb) for mb in trees],
+            "per_extra_task_mb": round(trees[1] - trees[0]),
+        }
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+
+
+def server_tree_mb(daemons: Any) -> float:
+    return sum(tree_mb(process.pid) for process in daemons.started)
+
+
+def batch_frames(batches: int, points: int) -> bytes:
+    """``batches`` Kapacitor batches of ``points`` points each, framed once, outside any timing."""
+    from udf_agent.codec import encode_frame
+
+    frames = []
+    for b in range(batches):
+        tags = {"host": f"h{b}"}
+        group = f"host=h{b}"
+        frames.append(encode_frame(udf_pb2.Request(begin=udf_pb2.BeginBatch(name="cpu", group=group, tags=tags, size=points))))
+        for i in range(points):
+            point = udf_pb2.Point(time=T0 + i * SECOND, name="cpu", group=group, tags=tags, fieldsDouble={"value": float((i * 7919 + b) % 1000)})
+            frames.append(encode_frame(udf_pb2.Request(point=point)))
+        frames.append(encode_frame(udf_pb2.Request(end=udf_pb2.EndBatch(name="cpu", group=group, tags=tags, tmax=T0 + points * SECOND))))
+    return b"".join(frames)
+
+
+# One BLAS thread per executor, as Spark deployments set it: else one executor's numpy
+# would already use every core and the comparison would measure nothing.
+SINGLE_THREADED = [f"--conf=spark.executorEnv.{name}=1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")]
+
+
+def scaling(work: Path, batches: int, points: int, resamples: int, rounds: int = 3) -> dict[str, Any]:
+    """The same heavy batch UDF on a standalone cluster of 1 and then 2 one-core workers:
+    batches/s of the best of ``rounds`` rounds, each ``batches`` batches sent at once."""
+    frames = batch_frames(batches, points)
+    results: dict[str, Any] = {}
+    for workers in (1, 2):
+        with standalone_cluster(work / f"scaling{workers}", workers=workers, cores=1) as (url, _):
+            driver = KapacitorDriver(
+                "run", "benchmarks.heavy_udfs:trend_fit", "--master", url, "--flush-interval", "50ms", *SINGLE_THREADED, cwd=REPO
+            )
+            try:
+                assert driver.init(option("field", "value"), option("resamples", resamples)).success
+                wait_for_log(driver.log)
+                round_times = []
+                for round_number in range(rounds):
+                    started = time.monotonic()
+                    driver.send_raw(frames)
+                    driver.responses.wait_for("point", (round_number + 1) * batches, timeout=600)
+                    round_times.append(time.monotonic() - started)
+                results[f"{workers}_executor"] = {"batches_per_s": round(batches / min(round_times), 2), "round_s": [round(t, 2) for t in round_times]}
+            finally:
+                driver.kill()
+    one, two = results["1_executor"]["batches_per_s"], results["2_executor"]["batches_per_s"]
+    results["speed_up"] = round(two / one, 2)
+    results["batch"] = {"batches": batches, "points": points, "resamples": resamples}
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default=os.path.join(REPO, "benchmarks", "results", "deployment.json"))
+    parser.add_argument("--scaling-batches", type=int, default=16)
+    parser.add_argument("--scaling-points", type=int, default=5_000)
+    parser.add_argument("--scaling-resamples", type=int, default=400, help="least-squares fits per batch: the work per batch")
+    parser.add_argument("--only-scaling", action="store_true", help="skip the deployment figures")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()}}
+    with tempfile.TemporaryDirectory(prefix="udf-deploy") as tmp:
+        work = Path(tmp)
+        if args.only_scaling:
+            report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
+            print(json.dumps(report, indent=1))
+            return 0
+        print("embedded Spark (process UDF) ...", file=sys.stderr)
+        report["embedded"] = process_udf()
+        print("serve, one Spark shared ...", file=sys.stderr)
+        (work / "serve").mkdir()
+        report["serve"] = serve_shared(work / "serve")
+        print("Spark Connect ...", file=sys.stderr)
+        with connect_server(work / "connect") as (url, daemons):
+            report["connect"] = process_udf("--remote", url)
+            report["connect"]["server_tree_mb"] = round(server_tree_mb(daemons))
+        print("standalone cluster ...", file=sys.stderr)
+        with standalone_cluster(work / "standalone") as (url, daemons):
+            report["standalone"] = process_udf("--master", url)
+            report["standalone"]["cluster_tree_mb"] = round(server_tree_mb(daemons))
+        print("scaling: 1 vs 2 executors ...", file=sys.stderr)
+        report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
+    report["machine"]["load_average_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as out:
+        json.dump(report, out, indent=1)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""A compute-heavy UDF for the scaling measurement (``benchmarks/deployment.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from udf_agent import Option, batch_udf
+
+
+@batch_udf(provides="stream", options=[Option("field", str), Option("degree", int, default=12), Option("resamples", int, default=8)])
+def trend_fit(df: Any, ctx: Any) -> Any:
+    """Per batch, a least-squares polynomial fit of `field` over time (`degree`), solved over
+    `resamples` bootstrap resamples: one point at tmax with the fits' mean residual spread."""
+    values = df[ctx.options["field"]].to_numpy(dtype="float64")
+    if len(values) == 0:
+        return pd.DataFrame({"time": [ctx.tmax], "spread": [np.nan]})
+    x = np.linspace(-1.0, 1.0, len(values))
+    design = np.vander(x, ctx.options["degree"] + 1)
+    rng = np.random.default_rng(len(values))
+    spreads = []
+    for _ in range(ctx.options["resamples"]):
+        rows = rng.integers(0, len(values), len(values))
+        coefficients, *_ = np.linalg.lstsq(design[rows], values[rows], rcond=None)
+        spreads.append(float(np.std(values - design @ coefficients)))
+    return pd.DataFrame({"time": [ctx.tmax], "spread": [float(np.mean(spreads))]})

@@ -1,0 +1,108 @@
+"""Real Spark servers on 127.0.0.1, started from the installed pyspark: a standalone cluster
+(a master and workers, ``spark-class``) and a Spark Connect server (``spark-submit`` of its
+server class). Each runs in its own process group with its log in a work directory, and is
+killed on the way out, also when the caller fails. Used by the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+class Daemons:
+    """Spark server processes, each in its own process group; ``stop`` kills every one."""
+
+    def __init__(self, work: Path):
+        import pyspark
+
+        self.spark_home = os.path.dirname(pyspark.__file__)
+        self.work = work
+        work.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, program: str, *args: str) -> Path:
+        log_path = self.work / f"{name}.log"
+        with open(log_path, "wb") as log:
+            self.started.append(
+                subprocess.Popen(
+                    [os.path.join(self.spark_home, "bin", program), *args],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
+                )
+            )
+        return log_path
+
+    def wait_for(self, what: str, check: Callable[[], bool], log_path: Path, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} within {timeout:g} s\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for daemon in self.started:
+            for signum in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(daemon.pid, signum)
+                    daemon.wait(10)
+                    break
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    continue
+
+
+@contextlib.contextmanager
+def standalone_cluster(work: Path, workers: int = 1, cores: int = 2, memory: str = "1g") -> Iterator[tuple[str, Daemons]]:
+    """The master's URL once ``workers`` workers have registered with it."""
+    daemons = Daemons(work)
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    try:
+        master_log = daemons.start("master", "spark-class", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port()))
+        daemons.wait_for("the master did not listen", lambda: accepts(port), master_log)
+        for index in range(workers):
+            worker_log = daemons.start(
+                f"worker{index}", "spark-class", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", str(cores),
+                "--memory", memory, "--webui-port", str(free_port()), "--work-dir", str(work / f"work{index}"),
+            )
+            daemons.wait_for("a worker did not register", lambda log=worker_log: "Successfully registered with master" in log.read_text(errors="replace"), worker_log)
+        yield url, daemons
+    finally:
+        daemons.stop()
+
+
+@contextlib.contextmanager
+def connect_server(work: Path, master: str = "local[2]") -> Iterator[tuple[str, Daemons]]:
+    """The URL of a Spark Connect server (``master`` behind it) once it listens."""
+    daemons = Daemons(work)
+    port = free_port()
+    try:
+        log_path = daemons.start(
+            "connect", "spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
+            "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", "spark.ui.enabled=false", "spark-internal",
+        )
+        daemons.wait_for("the Spark Connect server did not listen", lambda: accepts(port), log_path)
+        yield f"sc://127.0.0.1:{port}", daemons
+    finally:
+        daemons.stop()
