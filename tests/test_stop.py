@@ -21,7 +21,7 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.agent import Writer
 from udf_agent.codec import FrameDecoder, encode_frame
-from udf_agent.testing import grouped_point
+from udf_agent.testing import grouped_point, option
 from udf_agent.transports import SocketConnection
 
 pytestmark = pytest.mark.integration
@@ -296,3 +296,33 @@ def test_eof_behind_input_held_back_by_the_budget_starts_the_drain_at_once():
         finally:
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
+
+
+def test_sigint_while_spark_starts_ends_the_task_and_its_jvm_within_the_drain_timeout(drivers):
+    from benchmarks.driver import descendants, process_name
+
+    driver = drivers("run", "moving_avg", "--no-local-while-starting", "--drain-timeout", "1s", cwd=ROOT)
+    assert driver.init(option("field", "x"), option("size", 2)).success
+    driver.point(time=1, name="m", fieldsDouble={"x": 1.0})  # waits for Spark, which is starting
+    deadline = time.monotonic() + 60
+    while not (jvms := [pid for pid in descendants(driver.process.pid) if process_name(pid) == "java"]):
+        assert time.monotonic() < deadline, driver.log()
+        time.sleep(0.05)
+    started = time.monotonic()
+    driver.process.send_signal(signal.SIGINT)
+    assert driver.process.wait(timeout=15) == 0, driver.log()
+    for jvm in jvms:  # the JVM follows its parent down
+        while _running(jvm):
+            assert time.monotonic() - started < 10, "the JVM outlived the agent"
+            time.sleep(0.05)
+    assert time.monotonic() - started < 10
+    assert "1 accepted point(s) not computed" in driver.log()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
