@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from spark_backend.resident import ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
+from udf_agent.api import UDFSpec
 from udf_agent.compute import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ class SparkEngine:
         """The JVM died (killed, out of memory): a new Spark starts in the background; the
         micro-batch under way fails if it needed the old one, the next ones wait for the new."""
         from pyspark import SparkContext
-        from pyspark.sql import SparkSession
+        from pyspark.sql import SparkSession as ClassicSparkSession
 
         with self._lock:
             if not self._ready.is_set():
@@ -197,8 +198,8 @@ class SparkEngine:
             SparkContext._gateway = None
             SparkContext._jvm = None
             SparkContext._active_spark_context = None
-            SparkSession._instantiatedSession = None
-            SparkSession._activeSession = None
+            ClassicSparkSession._instantiatedSession = None
+            ClassicSparkSession._activeSession = None
         self.start()
 
     def _start_dispatch(self, session: SparkSession) -> None:
@@ -217,7 +218,7 @@ class SparkEngine:
 _SHIPPED: set[str] = set()
 
 
-def ship_by_value(spec: Any) -> None:
+def ship_by_value(spec: UDFSpec) -> None:
     """The UDF's own code (its top-level package or module, unless installed in
     site-packages) travels inside the pickled job, as the function's source would:
     executors of a cluster need not have it, only the libraries it imports."""
@@ -234,37 +235,6 @@ def ship_by_value(spec: Any) -> None:
     _SHIPPED.add(top.__name__)
     cloudpickle.register_pickle_by_value(top)
     log.info("the UDF's module %s is shipped to Spark's workers with each job (%s)", top.__name__, path)
-
-
-# How long a cluster's master may take to accept a TCP connection before Spark is not
-# even tried: Spark itself retries an unreachable master for a minute, saying little.
-MASTER_CONNECT_TIMEOUT = 5.0
-
-
-def check_reachable(master: str) -> None:
-    """A ``spark://host:port[,host:port]`` master (standalone, with standby masters) must
-    accept a TCP connection on one of its addresses; SparkStartError names the URL and
-    why not. Other masters (local, yarn, k8s) are left to Spark."""
-    import socket
-    from urllib.parse import urlsplit
-
-    if not master.startswith("spark://"):
-        return
-    causes = []
-    for address in master[len("spark://") :].split(","):
-        try:
-            parts = urlsplit(f"//{address}")
-            host, port = parts.hostname, parts.port or 7077
-        except ValueError as exc:
-            raise SparkStartError(f"cannot use the Spark master {master}: {exc}") from None
-        if not host:
-            raise SparkStartError(f"cannot use the Spark master {master}: {address!r} names no host")
-        try:
-            socket.create_connection((host, port), timeout=MASTER_CONNECT_TIMEOUT).close()
-            return
-        except OSError as exc:
-            causes.append(f"{host}:{port}: {exc.strerror or exc}")
-    raise SparkStartError(f"cannot reach the Spark master {master} ({'; '.join(causes)})")
 
 
 def agent_conf(settings: SparkSettings) -> dict[str, str]:
