@@ -29,9 +29,12 @@ MAX_SOCKET_PATH = 107
 
 
 # Linux pipes hold 64 KiB by default: every read and write then moves only a few hundred
-# points, and the per-call costs dominate. Bigger is not better either: a keepalive waits
-# behind everything queued in the pipe (the agent sizes its input pipe for the UDF's pace).
-PIPE_SIZE = 256 * 1024
+# points, and the per-call costs dominate. Output gets 1 MiB: what Kapacitor has not read yet
+# when it stops a task can still be handed over without waiting for the drain deadline. Input
+# gets less until the UDF is known (then the agent sizes it): a keepalive request waits
+# behind everything queued in the pipe.
+OUTPUT_PIPE_SIZE = 1024 * 1024
+INPUT_PIPE_SIZE = 256 * 1024
 
 
 def _size_pipe(fd: int, size: int) -> None:
@@ -77,8 +80,8 @@ class FdConnection:
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
-        _size_pipe(read_fd, PIPE_SIZE)
-        _size_pipe(write_fd, PIPE_SIZE)
+        _size_pipe(read_fd, INPUT_PIPE_SIZE)
+        _size_pipe(write_fd, OUTPUT_PIPE_SIZE)
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.
