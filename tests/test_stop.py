@@ -57,6 +57,21 @@ def test_a_task_stop_with_unread_output_exits_within_the_drain_timeout(drivers):
     assert "output frame(s)" in driver.log() and "not written" in driver.log()
 
 
+def test_a_task_stop_does_not_wait_out_a_long_drain_timeout_for_output_nobody_reads(drivers, report):
+    # Kapacitor stopped reading, then closed stdin: a second without any output taken is
+    # enough to know, whatever --drain-timeout allows.
+    driver = drivers("run", "mirror", "--flush-interval", "10ms", "--drain-timeout", "30s")
+    assert driver.init().success
+    driver.responses.stop_reading()
+    send_points(driver, 50_000)
+    started = time.monotonic()
+    assert driver.abort(timeout=60) == 0, driver.log()
+    elapsed = time.monotonic() - started
+    report(f"task stop with 50 k points of output unread, --drain-timeout 30s: exit {elapsed:.2f} s after EOF")
+    assert elapsed < 1.0 + EXIT_MARGIN, f"exit took {elapsed:.1f} s"
+    assert "output frame(s)" in driver.log() and "not written" in driver.log()
+
+
 def test_eof_with_a_slow_backlog_computes_what_the_drain_timeout_allows(drivers, report):
     # Each call takes 0.3 s and closes a micro-batch of 10 points: 200 points need 6 s.
     driver = drivers(

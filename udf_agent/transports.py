@@ -29,12 +29,9 @@ MAX_SOCKET_PATH = 107
 
 
 # Linux pipes hold 64 KiB by default: every read and write then moves only a few hundred
-# points, and the per-call costs dominate. Output gets 1 MiB: what Kapacitor has not read yet
-# when it stops a task can still be handed over without waiting for the drain deadline. Input
-# gets less until the UDF is known (then the agent sizes it): a keepalive request waits
-# behind everything queued in the pipe.
-OUTPUT_PIPE_SIZE = 1024 * 1024
-INPUT_PIPE_SIZE = 256 * 1024
+# points, and the per-call costs dominate. Bigger is not better either: a keepalive waits
+# behind everything queued in the pipe (the agent sizes its input pipe for the UDF's pace).
+PIPE_SIZE = 256 * 1024
 
 
 def _size_pipe(fd: int, size: int) -> None:
@@ -48,16 +45,22 @@ def _size_pipe(fd: int, size: int) -> None:
 
 # How often a blocked write looks again at a deadline that may have been set meanwhile.
 _POLL_SLICE = 0.05
+# Once there is a deadline (input has ended), a peer that takes no output for this long has
+# stopped reading (Kapacitor's task stop): what is left is dropped now, not at the deadline.
+UNREAD_AFTER = 1.0
 
 
 def _wait_writable(fd: int, deadline: Deadline, written: int) -> None:
-    """Waits until ``fd`` takes more output; WriteTimeout once the deadline (read afresh) passes."""
+    """Waits until ``fd`` takes more output; WriteTimeout once the deadline (read afresh)
+    passes, or once there is one and the wait has lasted ``UNREAD_AFTER``."""
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
+    unread_by = time.monotonic() + UNREAD_AFTER
     while True:
         limit = deadline()
         timeout = _POLL_SLICE
         if limit is not None:
+            limit = min(limit, unread_by)
             timeout = min(timeout, limit - time.monotonic())
             if timeout <= 0:
                 raise WriteTimeout(written)
@@ -80,8 +83,8 @@ class FdConnection:
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
-        _size_pipe(read_fd, INPUT_PIPE_SIZE)
-        _size_pipe(write_fd, OUTPUT_PIPE_SIZE)
+        _size_pipe(read_fd, PIPE_SIZE)
+        _size_pipe(write_fd, PIPE_SIZE)
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.
