@@ -97,7 +97,7 @@ def _compute_options(function: Any) -> Any:
         click.option("--max-groups", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Groups whose history and state are kept; past it the least recently seen group's are dropped (logged), and it starts afresh if it comes back."),
         click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
         click.option("--adaptive-flush/--no-adaptive-flush", default=True, show_default=True, help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches)."),
-        click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log."),
+        click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log. Output no one takes for 1 s in that time (a task stop) is dropped at once."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
     ]
     for decorator in reversed(decorators):
