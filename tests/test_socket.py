@@ -835,3 +835,25 @@ def test_serve_replaces_a_dead_jvm_for_the_next_connection(servers, sock_dir):
     server.process.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
     assert "Traceback" not in server.log()
+
+
+def test_check_says_ok_for_a_live_socket_udf_and_one_line_why_not_otherwise(servers, sock_dir):
+    path = os.path.join(sock_dir, "probed.sock")
+    servers.start(path, "mirror")
+    check = [sys.executable, "-m", "udf_agent", "check", "--socket"]
+    healthy = subprocess.run([*check, path], capture_output=True, text=True, timeout=60)
+    assert healthy.returncode == 0, healthy.stderr
+    assert healthy.stdout.startswith(f"OK {path}: stream -> stream; Info answered in ")
+    # No server at all: one line, exit 1.
+    missing = subprocess.run([*check, os.path.join(sock_dir, "none.sock")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no socket at this path" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    # Something listens but never answers: the timeout, then one line.
+    silent_path = os.path.join(sock_dir, "silent.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.bind(silent_path)
+        silent.listen()
+        started = time.monotonic()
+        stuck = subprocess.run([*check, silent_path, "--timeout", "1s"], capture_output=True, text=True, timeout=60)
+        assert time.monotonic() - started < 5
+    assert stuck.returncode == 1 and "no info answer within the timeout" in stuck.stderr, stuck.stderr

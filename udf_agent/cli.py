@@ -240,6 +240,21 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
 
 
 @main.command()
+@click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="The socket UDF's unix socket.")
+@click.option("--timeout", type=DurationType(), default="5s", show_default=True, help="Longest the whole check may take.")
+def check(socket_path: str, timeout: float) -> None:
+    """Check that a socket UDF answers Info and a keepalive: exit 0 when healthy, else 1 with
+    one line saying why (for systemd, a readiness probe, or a person debugging)."""
+    from udf_agent.probe import ProbeError, probe_socket
+
+    try:
+        health = probe_socket(socket_path, timeout)
+    except ProbeError as exc:
+        raise click.ClickException(f"{socket_path}: {exc}") from None
+    click.echo(f"OK {socket_path}: {health}")
+
+
+@main.command()
 @click.argument("target")
 @click.option("--kapacitor-conf", "conf_name", metavar="NAME", help="Print the kapacitor.conf block and a TICKscript call for NAME.")
 def info(target: str, conf_name: str | None) -> None:
