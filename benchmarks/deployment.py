@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.driver import _rss_mb, descendants  # noqa: E402
+from benchmarks.driver import _rss_mb, descendants, java_descendants  # noqa: E402
 from benchmarks.spark_servers import connect_server, standalone_cluster  # noqa: E402
 from udf_agent import udf_pb2  # noqa: E402
 from udf_agent.testing import KapacitorDriver, SocketDriver, grouped_point, option  # noqa: E402
@@ -73,16 +73,10 @@ def process_udf(*where: str) -> dict[str, Any]:
             "first_output_s": round(first_output, 2),
             "spark_ready_s": round(spark_ready, 1),
             "task_tree_mb": round(tree_mb(driver.process.pid)),
-            "jvm_in_task": any(_is_java(pid) for pid in descendants(driver.process.pid)),
+            "jvm_in_task": bool(java_descendants(driver.process.pid)),
         }
     finally:
         driver.kill()
-
-
-def _is_java(pid: int) -> bool:
-    from benchmarks.driver import process_name
-
-    return process_name(pid) == "java"
 
 
 def serve_shared(work: Path) -> dict[str, Any]:

@@ -146,6 +146,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def java_descendants(pid: int) -> list[int]:
+    """The JVMs (Spark's) among ``pid``'s descendants."""
+    return [child for child in descendants(pid) if process_name(child) == "java"]
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group ``pgid``, including any reparented to init."""
     members = []

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from test_compute import TUKEY_VALUES, tukey_batch
 
+from benchmarks.driver import java_descendants
 from benchmarks.spark_servers import connect_server, standalone_cluster
 from udf_agent.testing import KapacitorDriver, option
 
@@ -52,12 +53,6 @@ def agent(request):
         driver.kill()
 
 
-def _java_descendants(pid: int) -> list[int]:
-    from benchmarks.driver import descendants, process_name
-
-    return [child for child in descendants(pid) if process_name(child) == "java"]
-
-
 def _outputs(driver: KapacitorDriver, count: int) -> list:
     try:
         points = driver.responses.wait_for("point", count, timeout=180)
@@ -65,7 +60,7 @@ def _outputs(driver: KapacitorDriver, count: int) -> list:
         errors = [e.error for e in driver.responses.of("error")]
         raise AssertionError(f"{exc}: {errors}\n{driver.log()[-4000:]}") from None
     if "--remote" in driver.process.args:
-        assert not _java_descendants(driver.process.pid), "a JVM under an agent computing on Spark Connect"
+        assert not java_descendants(driver.process.pid), "a JVM under an agent computing on Spark Connect"
     return points
 
 

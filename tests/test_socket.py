@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_frame
 from udf_agent.testing import SocketDriver, grouped_point, option
@@ -751,12 +752,6 @@ def test_a_connection_that_never_sends_init_is_closed_at_the_init_timeout(server
     assert "sent no Init within 1 s" in server.log()
 
 
-def _java_descendants(pid: int) -> list[int]:
-    from benchmarks.driver import descendants, process_name
-
-    return [child for child in descendants(pid) if process_name(child) == "java"]
-
-
 def _moving_avg_session(path: str, first_time: int) -> tuple[SocketDriver, list]:
     driver = SocketDriver.connect(path)
     assert driver.init(option("field", "value"), option("size", 2)).success
@@ -797,7 +792,7 @@ def test_sigterm_while_spark_starts_ends_the_server_and_its_jvm_at_once(servers,
     path = os.path.join(sock_dir, "starting.sock")
     server = servers.start(path, "moving_avg")
     deadline = time.monotonic() + 60
-    while not _java_descendants(server.pid):  # Spark's start-up is under way
+    while not java_descendants(server.pid):  # Spark's start-up is under way
         assert time.monotonic() < deadline, server.log()
         time.sleep(0.05)
     started = time.monotonic()
@@ -819,14 +814,14 @@ def test_serve_replaces_a_dead_jvm_for_the_next_connection(servers, sock_dir):
     server = servers.start(path, "moving_avg", "--no-local-while-starting", "--flush-interval", "50ms")
     first, points = _moving_avg_session(path, 0)
     assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
-    (jvm,) = _java_descendants(server.pid)
+    (jvm,) = java_descendants(server.pid)
     os.kill(jvm, signal.SIGKILL)
     time.sleep(0.5)
     # The next micro-batch finds the JVM dead and waits for a new Spark ...
     first.send(udf_pb2.Request(point=grouped_point(T0 + 10 * SECOND, "a", 1.0)))
     assert first.responses.wait_for("point", 5, timeout=120)[-1].fieldsDouble["avg"] == 2.0
     assert "Spark's JVM exited (code -9)" in server.log()
-    (new_jvm,) = _java_descendants(server.pid)
+    (new_jvm,) = java_descendants(server.pid)
     assert new_jvm != jvm
     # ... which serves the next connections too.
     _, points = _moving_avg_session(path, 20)
