@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from udf_agent.options import Option, OptionValues
+from udf_agent.options import Option, OptionValues, timedelta_ns
 
 EDGES = ("stream", "batch")
 
@@ -63,15 +63,9 @@ class UDFSpec:
         if isinstance(window, int):
             return {"rows": max(0, window)} if window > 0 else None
         if isinstance(window, _dt.timedelta):  # pandas.Timedelta is a timedelta
-            ns = _timedelta_ns(window)
+            ns = timedelta_ns(window)
             return {"ns": ns} if ns > 0 else None
         raise TypeError(f"UDF {self.name!r}: history must be a row count or a duration, got {window!r}")
-
-
-def _timedelta_ns(value: _dt.timedelta) -> int:
-    if hasattr(value, "value"):  # pandas.Timedelta keeps nanoseconds exactly
-        return int(value.value)
-    return (value.days * 86_400 + value.seconds) * 1_000_000_000 + value.microseconds * 1_000
 
 
 @dataclass

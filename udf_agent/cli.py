@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -252,6 +253,120 @@ def check(socket_path: str, timeout: float) -> None:
     except ProbeError as exc:
         raise click.ClickException(f"{socket_path}: {exc}") from None
     click.echo(f"OK {socket_path}: {health}")
+
+
+@main.command()
+@click.argument("target")
+@click.option("--input", "input_path", required=True, metavar="FILE|-", help="InfluxDB line protocol to replay, gzip or not; '-' reads stdin.")
+@click.option("--option", "-o", "option_calls", multiple=True, metavar="NAME=VALUE[,VALUE...]", help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.")
+@click.option("--output", "output_path", default="-", show_default=True, metavar="FILE|-", help="Where the UDF's output goes, as line protocol.")
+@click.option("--group-by", multiple=True, metavar="TAG", help="Group points by this tag, as groupBy() does; repeatable. Without it, all points are one group.")
+@click.option("--batch-every", type=DurationType(), metavar="DURATION", help="For batch UDFs: cut each group's points into batches of this period, aligned as window().period(d).every(d).align() cuts them. Required for batch UDFs.")
+@click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns", show_default=True, help="Unit of the input's timestamps.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png", help="Also draw each group's input and output series over time into one PNG (needs the 'plot' extra).")
+@click.option("--in-process", is_flag=True, help="Compute in this process instead of on Spark (the same code Spark's workers run): no JVM, quick tries.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master.")
+@click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="warning", show_default=True)
+def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: float | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: Any, log_level: str) -> None:
+    """Run TARGET over line protocol, without Kapacitor, and write its output as line protocol.
+
+    The points go through the real agent (session, codec, micro-batches, Spark) as
+    Kapacitor's would: stream UDFs get them in time order, batch UDFs per --batch-every
+    window. A progress bar shows on stderr when it is a terminal.
+
+    \b
+    Example:
+      udf-agent replay moving_avg --input cpu.lp.gz -o field=usage_user -o size=10 \\
+          --group-by host --plot cpu.png > averaged.lp
+    """
+    from udf_agent.lineproto import LineProtocolError, format_point, open_input, read_points
+    from udf_agent.logs import configure_logging
+    from udf_agent.replay import ReplayError, in_process_engines, replay_points
+    from udf_agent.tickscript import TickError, parse_call
+    from udf_agent.transports import claim_stdout
+
+    configure_logging(log_level)
+    out_fd = claim_stdout() if output_path == "-" else None
+    spec = _load(target)
+    try:
+        calls = [parse_call(call) for call in option_calls]
+    except TickError as exc:
+        raise click.BadParameter(str(exc), param_hint="--option") from None
+    if spec.wants == "batch" and batch_every is None:
+        raise click.UsageError(f"{spec.name} wants batches: say how to cut them with --batch-every DURATION")
+    try:
+        with open_input(input_path, sys.stdin.buffer) as stream:
+            points = list(read_points(stream, "stdin" if input_path == "-" else input_path, precision))
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {input_path!r}: {exc.strerror or exc}", param_hint="--input") from None
+    except LineProtocolError as exc:
+        raise click.ClickException(str(exc)) from None
+    # Every micro-batch on Spark (none computed in the agent while it starts): what a task would run.
+    engines = in_process_engines() if in_process else _engines(master, confs, remote=remote, local_while_starting=False)
+    keep_for_plot = plot_path is not None
+    written = 0
+    outputs = []
+    try:
+        with _output_file(output_path, out_fd) as out, _progress(len(points)) as progress:
+            for point in replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=None if batch_every is None else round(batch_every * 1e9), on_progress=progress):
+                line = format_point(point.name, point.tags, point.fields, point.time)
+                if line:
+                    out.write(line + "\n")
+                    written += 1
+                if keep_for_plot:
+                    outputs.append(point)
+    except (ReplayError, TickError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        engines.stop()
+    click.echo(f"replayed {len(points)} point(s) through {spec.name}: {written} point(s) out", err=True)
+    if plot_path is not None:
+        from udf_agent.plot import PlotError, save_replay_plot
+
+        title = f"{spec.name}({', '.join(option_calls)})"
+        try:
+            save_replay_plot(plot_path, title, points, outputs, group_by, _named_fields(calls))
+        except PlotError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"plot: {plot_path}", err=True)
+
+
+def _named_fields(calls: list[udf_pb2.Option]) -> list[str]:
+    """The string values of the options: the input fields worth plotting, when they name some."""
+    return [value.stringValue for call in calls for value in call.values if value.type == udf_pb2.STRING]
+
+
+@contextlib.contextmanager
+def _output_file(path: str, stdout_fd: int | None) -> Any:
+    if stdout_fd is not None:
+        with os.fdopen(stdout_fd, "w", encoding="utf-8", buffering=1 << 16) as out:
+            yield out
+        return
+    try:
+        out = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror or exc}", param_hint="--output") from None
+    with out:
+        yield out
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr when it is a terminal (click draws none otherwise): points/s and ETA."""
+    import time
+
+    if not sys.stderr.isatty():
+        yield None  # click would still print the label
+        return
+    started = time.monotonic()
+    with click.progressbar(length=total, label="replay", file=sys.stderr, show_eta=True, show_pos=True, item_show_func=lambda rate: rate) as bar:
+        def report(points_sent: int) -> None:
+            elapsed = max(time.monotonic() - started, 1e-9)
+            bar.update(points_sent - bar.pos, f"{points_sent / elapsed:,.0f} points/s")
+
+        yield report
 
 
 @main.command()

@@ -8,6 +8,7 @@ imports pandas: it runs on the Init path, where the reader must stay quick.
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,44 @@ from udf_agent import udf_pb2
 
 
 class Duration:
-    """Marks an option of Kapacitor's DURATION type (a ``pandas.Timedelta`` for the UDF)."""
+    """Kapacitor's DURATION type.
+
+    As an option's type, ``Option("every", Duration)``, it declares a DURATION option
+    (a ``pandas.Timedelta`` for the UDF). As a value, ``Duration("10s")``,
+    ``Duration(10_000_000_000)`` (nanoseconds) or ``Duration(timedelta(seconds=10))``,
+    it is one such option's value, as in ``udf_agent.testing.option("every", Duration("10s"))``.
+    """
+
+    def __init__(self, value: int | str | _dt.timedelta):
+        if isinstance(value, bool):
+            raise TypeError(f"a duration, not {value!r}")
+        if isinstance(value, int):
+            self.ns = value
+        elif isinstance(value, _dt.timedelta):
+            self.ns = timedelta_ns(value)
+        else:
+            from udf_agent.tickscript import literal
+
+            parsed = literal(str(value))
+            if parsed.type != udf_pb2.DURATION:
+                raise ValueError(f"{value!r} is not a TICKscript duration (examples: 500ms, 10s, 5m, 1h, 1d)")
+            self.ns = parsed.durationValue
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Duration) and other.ns == self.ns
+
+    def __hash__(self) -> int:
+        return hash(self.ns)
+
+    def __repr__(self) -> str:
+        return f"Duration({self.ns})"
+
+
+def timedelta_ns(value: _dt.timedelta) -> int:
+    """Nanoseconds of a timedelta, exactly (a ``pandas.Timedelta`` keeps nanoseconds)."""
+    if hasattr(value, "value"):
+        return int(value.value)
+    return (value.days * 86_400 + value.seconds) * 1_000_000_000 + value.microseconds * 1_000
 
 
 _TYPE_TO_WIRE: dict[Any, udf_pb2.ValueType] = {

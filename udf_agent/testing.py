@@ -1,5 +1,17 @@
-"""Kapacitor's side of the protocol, for testing UDFs without Kapacitor.
+"""Testing UDFs without Kapacitor.
 
+``run_udf`` runs a UDF over a DataFrame (or line protocol) through the real agent
+and returns its output as a DataFrame, for a UDF author's own pytest:
+
+    from udf_agent.testing import run_udf
+
+    def test_moving_average():
+        data = pandas.DataFrame({"time": pandas.to_datetime([1, 2, 3], unit="s"),
+                                 "host": ["a", "a", "a"], "usage": [1.0, 2.0, 3.0]})
+        out = run_udf("moving_avg", data, {"field": "usage", "size": 2}, group_by=["host"])
+        assert out["avg"].tolist() == [1.0, 1.5, 2.5]
+
+The rest is Kapacitor's side of the protocol.
 ``KapacitorDriver`` starts ``udf-agent`` as a process and talks to it over
 real pipes; ``SocketDriver`` talks to a ``udf-agent serve`` socket;
 ``InProcessAgent`` runs an agent in this process on a socketpair. All write
@@ -18,22 +30,29 @@ each KeepaliveRequest takes to be answered.
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from udf_agent import udf_pb2
 from udf_agent.codec import FrameDecoder, encode_varint
+from udf_agent.options import Duration, timedelta_ns
+
+__all__ = ["Duration", "InProcessAgent", "KapacitorDriver", "SocketDriver", "option", "run_udf"]
 
 AGENT = [sys.executable, "-m", "udf_agent"]
 
 
 def option(name: str, *values: Any) -> udf_pb2.Option:
-    """An InitRequest option with Kapacitor's typing of Python values."""
+    """The InitRequest option of the TICKscript call ``.name(values...)``, each Python value
+    typed as TICKscript types its literal: bool BOOL, int INT, float DOUBLE, str STRING,
+    ``Duration("10s")`` or a timedelta DURATION."""
     wire = []
     for value in values:
         if isinstance(value, bool):
@@ -44,16 +63,12 @@ def option(name: str, *values: Any) -> udf_pb2.Option:
             wire.append(udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=value))
         elif isinstance(value, str):
             wire.append(udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=value))
-        elif isinstance(value, Duration):
-            wire.append(udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=value.ns))
+        elif isinstance(value, (Duration, datetime.timedelta)):
+            ns = value.ns if isinstance(value, Duration) else timedelta_ns(value)
+            wire.append(udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=ns))
         else:
-            raise TypeError(value)
+            raise TypeError(f"option {name!r}: {value!r} is none of bool, int, float, str, Duration or timedelta")
     return udf_pb2.Option(name=name, values=wire)
-
-
-class Duration:
-    def __init__(self, ns: int):
-        self.ns = ns
 
 
 def request_frame(request: udf_pb2.Request) -> tuple[bytes, bytes]:
@@ -348,3 +363,120 @@ def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
                 value = 0.0
             points.append(grouped_point(t * 1_000_000_000, group, value, **extra))
     return points
+
+
+def run_udf(
+    udf: Any,
+    data: Any,
+    options: Mapping[str, Any] | None = None,
+    *,
+    group_by: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    name: str = "data",
+    batch_every: Any = None,
+    engines: Any = None,
+) -> Any:
+    """Runs UDF over DATA as Kapacitor would and returns its output points as a DataFrame.
+
+    ``udf`` is a built-in's name, a ``module:attribute`` TARGET, a decorated function or a
+    ``udf_agent.UDF`` subclass. ``data`` is a DataFrame with a ``time`` column (datetime64,
+    naive meaning UTC, or integer nanoseconds), tag columns (``group_by`` and ``tags``) and
+    field columns (everything else; a NaN is a missing field); or line protocol (a string
+    or lines). ``options`` map an option's name to its value as TICKscript would pass it:
+    a tuple for several values in one call, a list for an option called several times.
+    Stream UDFs get the points in time order grouped by ``group_by``; batch UDFs get each
+    group's points cut into windows of ``batch_every`` (a Duration, timedelta or "10s").
+
+    The output has ``time`` (datetime64[ns, UTC]), ``name``, the tags, then the fields, one
+    row per point in the order the agent sent them. By default micro-batches are computed
+    in this process, by the same code Spark's workers run; pass ``engines`` (say
+    ``udf_agent.testing.spark_engines()``) to compute on Spark.
+    """
+    import pandas as pd
+
+    from udf_agent.api import as_spec
+    from udf_agent.lineproto import read_points
+    from udf_agent.replay import in_process_engines, replay_points
+    from udf_agent.targets import resolve_target
+
+    spec = resolve_target(udf) if isinstance(udf, str) else as_spec(udf)
+    if isinstance(data, pd.DataFrame):
+        points = _points_of_frame(data, name, {*group_by, *tags})
+    else:
+        lines = [data] if isinstance(data, str) else list(data)
+        points = list(read_points(_lines_as_bytes(lines), "data"))
+    calls = []
+    for option_name, value in (options or {}).items():
+        for call in value if isinstance(value, list) else [value]:
+            calls.append(option(option_name, *(call if isinstance(call, tuple) else (call,))))
+    every_ns = None if batch_every is None else (batch_every if isinstance(batch_every, Duration) else Duration(batch_every)).ns
+    outputs = list(replay_points(spec, engines or in_process_engines(), calls, points, group_by=group_by, batch_every_ns=every_ns))
+    tag_names = sorted({tag for point in outputs for tag in point.tags})
+    field_names = sorted({field for point in outputs for field in point.fields})
+    frame = pd.DataFrame(
+        {
+            "time": pd.to_datetime([point.time for point in outputs], unit="ns", utc=True),
+            "name": [point.name for point in outputs],
+            **{tag: [point.tags.get(tag) for point in outputs] for tag in tag_names},
+            **{field: [point.fields.get(field) for point in outputs] for field in field_names},
+        }
+    )
+    return frame
+
+
+def _points_of_frame(data: Any, name: str, tag_columns: set[str]) -> list[Any]:
+    import math
+
+    import pandas as pd
+
+    from udf_agent.lineproto import LinePoint
+
+    if "time" not in data.columns:
+        raise ValueError("the DataFrame needs a 'time' column (datetime64 or integer nanoseconds)")
+    times = data["time"]
+    if pd.api.types.is_datetime64_any_dtype(times):
+        stamps = (times.dt.tz_localize("UTC") if times.dt.tz is None else times).astype("int64").tolist()
+    else:
+        stamps = [int(t) for t in times]
+    missing = sorted(tag_columns - set(data.columns))
+    if missing:
+        raise ValueError(f"no column for the tag(s) {', '.join(missing)}")
+    field_columns = [c for c in data.columns if c != "time" and c not in tag_columns]
+    points = []
+    for row, stamp in zip(data.itertuples(index=False), stamps):
+        values = row._asdict() if hasattr(row, "_asdict") else dict(zip(data.columns, row))
+        fields = {}
+        for column in field_columns:
+            value = values[column]
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            fields[column] = value.item() if hasattr(value, "item") else value
+        points.append(LinePoint(name, {tag: str(values[tag]) for tag in tag_columns}, fields, stamp))
+    return points
+
+
+def _lines_as_bytes(lines: Sequence[str]) -> Any:
+    import io
+
+    return io.BytesIO("\n".join(lines).encode())
+
+
+_shared_spark: Any = None
+
+
+def spark_engines() -> Any:
+    """Engines computing on one embedded Spark shared by every ``run_udf`` call of this
+    process (started on first use, ~10 s; stopped when the process exits)."""
+    global _shared_spark
+    if _shared_spark is None:
+        import atexit
+
+        from spark_backend import SparkEngine, SparkSettings
+        from udf_agent.engine import Engines
+
+        def make_spark() -> Any:
+            return SparkEngine(SparkSettings(master="local[2]"))
+
+        _shared_spark = Engines(make_spark)
+        atexit.register(_shared_spark.stop)
+    return _shared_spark

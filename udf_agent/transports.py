@@ -193,14 +193,20 @@ def claim_stdio() -> FdConnection:
     protocol can reach Kapacitor's end of stdout.
     """
     protocol_in = os.dup(0)
-    protocol_out = os.dup(1)
-    sys.stdout.flush()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    return FdConnection(protocol_in, claim_stdout())
+
+
+def claim_stdout() -> int:
+    """Keeps the real stdout (returned, as a new fd) for this process's own output and
+    points fd 1 and ``sys.stdout`` at stderr, so nothing else can write there."""
+    ours = os.dup(1)
+    sys.stdout.flush()
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    return FdConnection(protocol_in, protocol_out)
+    return ours
 
 
 class SocketServerError(Exception):

@@ -1,0 +1,107 @@
+"""InfluxDB line protocol in and out, through maintained libraries.
+
+Parsing is ``line-protocol-parser`` and formatting is ``influxdb-client``'s
+``Point``: escaping of spaces, commas, equals signs and quotes, and the
+``i``/``u``/bool/string field types are theirs, not hand-written here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from udf_agent import udf_pb2
+
+PRECISIONS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+INT64_MAX = (1 << 63) - 1
+
+
+class LineProtocolError(ValueError):
+    """A line that is not line protocol, or a value Kapacitor cannot carry; says where."""
+
+
+@dataclass
+class LinePoint:
+    """One point of line protocol: time in nanoseconds since the epoch."""
+
+    name: str
+    tags: dict[str, str]
+    fields: dict[str, Any]
+    time: int
+    line: int = 0  # where it came from, for messages
+
+
+def open_input(path: str, stdin: IO[bytes]) -> Any:
+    """The bytes of PATH (``-``: stdin), gunzipped when they are gzip."""
+    raw: Any = stdin if path == "-" else open(path, "rb")  # noqa: SIM115 - closed by the caller
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
+    if buffered.peek(2)[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=buffered)
+    return buffered
+
+
+def read_points(stream: IO[bytes], source: str = "input", precision: str = "ns") -> Iterator[LinePoint]:
+    """Parses every line of STREAM; blank lines and ``#`` comments are skipped."""
+    from line_protocol_parser import LineFormatError, parse_line
+
+    scale = PRECISIONS[precision]
+    for number, raw in enumerate(stream, start=1):
+        text = raw.decode("utf-8", errors="replace").strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            parsed = parse_line(text)
+        except (LineFormatError, ValueError) as exc:
+            raise LineProtocolError(f"{source}:{number}: not line protocol ({exc}): {_excerpt(text)}") from None
+        if parsed["time"] is None:
+            raise LineProtocolError(f"{source}:{number}: the point has no timestamp; replay needs each point's time: {_excerpt(text)}")
+        for name, value in parsed["fields"].items():
+            if isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX:
+                raise LineProtocolError(f"{source}:{number}: field {name!r} = {value} does not fit Kapacitor's int64 fields")
+        yield LinePoint(parsed["measurement"], dict(parsed["tags"]), dict(parsed["fields"]), int(parsed["time"]) * scale, number)
+
+
+def _excerpt(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def set_fields(point: udf_pb2.Point, fields: dict[str, Any]) -> None:
+    """Puts each field in the map of its Kapacitor type (int64 for ``i`` and ``u``)."""
+    for name, value in fields.items():
+        if isinstance(value, bool):
+            point.fieldsBool[name] = value
+        elif isinstance(value, int):
+            point.fieldsInt[name] = value
+        elif isinstance(value, float):
+            point.fieldsDouble[name] = value
+        else:
+            point.fieldsString[name] = str(value)
+
+
+def fields_of(point: udf_pb2.Point) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for values in (point.fieldsDouble, point.fieldsInt, point.fieldsString, point.fieldsBool):
+        fields.update(values)
+    return fields
+
+
+def format_point(name: str, tags: dict[str, str], fields: dict[str, Any], time: int) -> str:
+    """One line of line protocol, or "" when no field has a value line protocol can hold
+    (NaN and infinities cannot be written; such fields are left out)."""
+    from influxdb_client import Point, WritePrecision
+
+    point = Point(name).time(time, WritePrecision.NS)
+    for key, value in sorted(tags.items()):
+        if value != "":  # line protocol has no empty tag values
+            point.tag(key, value)
+    kept = 0
+    for key, value in sorted(fields.items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        point.field(key, value)
+        kept += 1
+    return str(point.to_line_protocol()) if kept else ""

@@ -1,0 +1,109 @@
+"""``replay --plot``: one PNG with each group's input and output series over time.
+
+One panel per group (the first ``MAX_PANELS`` groups, by name; the title says
+how many more there were). Numeric fields are lines: input solid, output dashed.
+A boolean output field (an anomaly flag) is drawn as red markers on the first
+input series wherever it is true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from udf_agent.lineproto import LinePoint
+from udf_agent.replay import OutputPoint, group_id
+
+MAX_PANELS = 12
+MAX_SERIES = 6  # per side and panel: more lines than this are unreadable
+
+
+class PlotError(Exception):
+    """The plot cannot be drawn (matplotlib missing, nothing numeric to draw)."""
+
+
+def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> Any:
+    """The matplotlib Figure of a replay. ``input_fields`` limits the input series drawn
+    (say the fields the UDF's options name); by default every numeric input field."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+        import numpy as np
+        import pandas as pd
+    except ImportError:
+        raise PlotError("--plot needs matplotlib: pip install 'udf-agent[plot]'") from None
+
+    dimensions = sorted(set(group_by))
+    series_in = _by_group(((group_id(p.tags, dimensions), p.time, p.fields) for p in inputs), input_fields)
+    series_out = _by_group(((p.group, p.time, p.fields) for p in outputs), ())
+    flags = _flags_by_group(outputs)
+    groups = sorted(set(series_in) | set(series_out))
+    if not groups:
+        raise PlotError("nothing to plot: no numeric field in the input or the output")
+    shown = groups[:MAX_PANELS]
+    figure, axes = plt.subplots(len(shown), 1, figsize=(11, 2.8 * len(shown) + 0.8), squeeze=False, sharex=True)
+    for axis, group in zip(axes[:, 0], shown):
+        first_input: tuple[Any, Any] | None = None
+        for field, (times, values) in sorted(series_in.get(group, {}).items())[:MAX_SERIES]:
+            stamps = pd.to_datetime(times, unit="ns", utc=True)
+            axis.plot(stamps, values, linewidth=1.0, label=f"in: {field}")
+            first_input = first_input or (times, values)
+        for field, (times, values) in sorted(series_out.get(group, {}).items())[:MAX_SERIES]:
+            axis.plot(pd.to_datetime(times, unit="ns", utc=True), values, linewidth=1.4, linestyle="--", label=f"out: {field}")
+        for field, times in sorted(flags.get(group, {}).items()):
+            if first_input is not None and len(times):
+                heights = np.interp(times, first_input[0], first_input[1])
+                axis.plot(pd.to_datetime(times, unit="ns", utc=True), heights, "x", color="red", markersize=7, label=f"out: {field} = true")
+        axis.set_title(f"group {group}" if group else "all points (no --group-by)", fontsize=10)
+        axis.set_ylabel("field value")
+        axis.grid(alpha=0.3)
+        axis.legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("time (UTC)")
+    more = f" ({len(groups) - len(shown)} more groups not shown)" if len(groups) > len(shown) else ""
+    figure.suptitle(f"{title}{more}", fontsize=12)
+    figure.autofmt_xdate()
+    figure.tight_layout()
+    return figure
+
+
+def save_replay_plot(path: str, *args: Any, **kwargs: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    figure = replay_figure(*args, **kwargs)
+    try:
+        figure.savefig(path, dpi=100)
+    except OSError as exc:
+        raise PlotError(f"cannot write the plot to {path!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(figure)
+
+
+def _by_group(rows: Any, only: Sequence[str]) -> dict[str, dict[str, tuple[Any, Any]]]:
+    """{group: {field: (times, values)}} of the numeric (not boolean) fields, in time order."""
+    import numpy as np
+
+    collected: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for group, time, fields in rows:
+        for field, value in fields.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (only and field not in only):
+                continue
+            times, values = collected.setdefault(group, {}).setdefault(field, ([], []))
+            times.append(time)
+            values.append(float(value))
+    result: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for group, fields in collected.items():
+        for field, (times, values) in fields.items():
+            order = np.argsort(np.asarray(times), kind="stable")
+            result.setdefault(group, {})[field] = (np.asarray(times)[order], np.asarray(values)[order])
+    return result
+
+
+def _flags_by_group(outputs: Sequence[OutputPoint]) -> dict[str, dict[str, list[int]]]:
+    flags: dict[str, dict[str, list[int]]] = {}
+    for point in outputs:
+        for field, value in point.fields.items():
+            if value is True:
+                flags.setdefault(point.group, {}).setdefault(field, []).append(point.time)
+    return flags
