@@ -543,3 +543,33 @@ def test_on_error_skip_counts_the_points_of_a_failed_kapacitor_batch(caplog):
         assert harness.finish() == 0
     assert not driver.responses.of("error")
     assert "UDF failure set aside (--on-error skip): 3 point(s), 3 so far" in caplog.text
+
+
+def test_the_context_names_the_task_the_node_and_each_points_database_and_retention_policy(engines):
+    sent = [(t, "telegraf" if t % 3 else "other", "autogen" if t % 2 else "week") for t in range(30)]
+
+    def feed(driver):
+        for t, database, policy in sent:
+            driver.point(time=t, name="m", group="k=a", dimensions=["k"], tags={"k": "a"}, database=database, retentionPolicy=policy, fieldsDouble={"v": 1.0})
+
+    # Micro-batches of 7 points: the kept history row sits above each one's new rows.
+    harness, driver = run_agent(sample.where_from, engines, (), AgentConfig(flush_interval=0.01, max_batch_points=7), feed)
+    points = driver.responses.wait_for("point", len(sent), timeout=300)
+    assert harness.finish() == 0
+    got = [(p.time, p.fieldsString["database"], p.fieldsString["retention_policy"]) for p in points]
+    assert got == sent
+    assert {(p.fieldsString["task"], p.fieldsString["node"]) for p in points} == {("test", "udf1")}
+
+
+def test_a_batch_udf_sees_each_points_database_and_the_task(engines):
+    def feed(driver):
+        driver.begin(name="m", group="", size=2)
+        driver.point(time=1, name="m", database="db1", fieldsDouble={"v": 1.0})
+        driver.point(time=2, name="m", database="db2", fieldsDouble={"v": 2.0})
+        driver.end(name="m", group="", tmax=2)
+
+    harness, driver = run_agent(sample.batch_where_from, engines, (), None, feed)
+    driver.responses.wait_for("end", 1, timeout=300)
+    assert harness.finish() == 0
+    points = driver.responses.of("point")
+    assert [(p.fieldsString["database"], p.fieldsString["task"], p.fieldsString["node"]) for p in points] == [("db1", "test", "udf1"), ("db2", "test", "udf1")]

@@ -281,6 +281,7 @@ class Agent:
         self.writer = Writer(connection)
         self._reader: threading.Thread | None = None
         self._options: Any = None
+        self._task = ("", "")  # Kapacitor's task and node IDs, from the InitRequest
         self._job: Any = None
         self._groups: dict[str, tuple[bytes | None, str | None]] = {}
         self._evicted = 0
@@ -574,6 +575,7 @@ class Agent:
 
     def _start(self, event: Started) -> None:
         self._options = event.options
+        self._task = (event.task_id, event.node_id)
         self.engines.warm_up(self._loaded()[0])
         threading.Thread(target=self._reply_when_loaded, args=(event.reply,), name="hot-path-load", daemon=True).start()
 
@@ -670,7 +672,7 @@ class Agent:
         if self._job is None:
             from udf_agent.compute import Job
 
-            self._job = Job(spec, self._options.raw())
+            self._job = Job(spec, self._options.raw(), *self._task)
         batch = item.batch
         grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
         engine = self.engines.engine_for(spec, batch.count)

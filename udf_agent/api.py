@@ -80,6 +80,10 @@ class Context:
     A vectorized UDF's call holds many groups: those of ``groups``, group ``i``
     in rows ``group_starts[i]:group_starts[i + 1]`` (its history rows first,
     ``history_rows`` being 0 and ``group`` "" there). It keeps no ``state``.
+
+    ``task_id`` and ``node_id`` are Kapacitor's names for the task and the UDF node
+    (from its InitRequest); ``database`` and ``retention_policy`` give each row's own,
+    as Kapacitor sent them with the point.
     """
 
     options: OptionValues
@@ -91,6 +95,21 @@ class Context:
     history_rows: int = 0
     groups: tuple[str, ...] = ()
     group_starts: Any = None  # numpy int64 array, len(groups) + 1 entries
+    task_id: str = ""
+    node_id: str = ""
+    # Built on first use: a string per row is a cost most UDFs need not pay.
+    row_databases: Callable[[], Any] | None = field(default=None, repr=False)
+    row_retention_policies: Callable[[], Any] | None = field(default=None, repr=False)
+
+    @property
+    def database(self) -> Any:
+        """Each row's database, a pandas Series aligned with the DataFrame's rows."""
+        return self.row_databases() if self.row_databases is not None else None
+
+    @property
+    def retention_policy(self) -> Any:
+        """Each row's retention policy, a pandas Series aligned with the DataFrame's rows."""
+        return self.row_retention_policies() if self.row_retention_policies is not None else None
 
 
 def stream_udf(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -74,6 +74,8 @@ class Job:
 
     spec: UDFSpec
     options: dict[str, Any]
+    task_id: str = ""
+    node_id: str = ""
 
     def option_values(self) -> OptionValues:
         return OptionValues(self.options, duration_positions(self.spec.options))
@@ -196,6 +198,7 @@ def _call_vectorized(job: Job, rows: list[Task], data: pa.Table, headers: pointc
         tags={},
         groups=tuple(task.key for task in rows),
         group_starts=groups.starts,
+        **_task_context(job, data, frame),
     )
     result = job.spec.function(frame, ctx)
     if ctx.state:
@@ -256,6 +259,7 @@ def _call_group(job: Job, task: Any, data: pa.Table, headers: pointcodec.Headers
         name=data.column(cols.NAME)[last].as_py(),
         state=_load_state(task.state),
         history_rows=history_rows,
+        **_task_context(job, data, frame),
     )
     result = job.spec.function(frame, ctx)
     if job.spec.provides == "stream":
@@ -290,6 +294,7 @@ def _run_batch_task(job: Job, task: Any, meta: dict[str, Any]) -> tuple[bytes, N
         name=meta["name"],
         tmax=pd.Timestamp(meta["tmax"], unit="ns", tz="UTC"),
         state=_load_state(task.state),
+        **_task_context(job, data, frame),
     )
     result = job.spec.function(frame, ctx)
     if job.spec.provides == "batch":
@@ -306,6 +311,21 @@ def _run_batch_task(job: Job, task: Any, meta: dict[str, Any]) -> tuple[bytes, N
         points = output_points(result, data, layout, ctx, first_row=0, dimensions=tuple(ctx.tags))
         output = encode_points(points)
     return output, None, _dump_state(ctx.state), len(points)
+
+
+def _task_context(job: Job, data: pa.Table, frame: pd.DataFrame) -> dict[str, Any]:
+    """Context fields naming Kapacitor's task, and each row's database and retention policy
+    (built only if the UDF reads them: strings per row cost)."""
+
+    def per_row(column: str) -> Callable[[], pd.Series]:
+        return lambda: pd.Series(_to_pandas(data.column(column)), index=frame.index, dtype="object")
+
+    return {
+        "task_id": job.task_id,
+        "node_id": job.node_id,
+        "row_databases": per_row(cols.DATABASE),
+        "row_retention_policies": per_row(cols.RETENTION_POLICY),
+    }
 
 
 def _tag_value(data: pa.Table, key: str, row: int) -> str | None:

@@ -50,6 +50,8 @@ class Started:
 
     options: OptionValues
     reply: bytes
+    task_id: str = ""
+    node_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class Session:
         log.info("task %s node %s: UDF %s initialised with %s", init.taskID or "?", init.nodeID or "?", self.spec.name, dict(options.raw()))
         self.guard.expect("init")
         reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
-        return [Started(options, reply)] if reply is not None else []
+        return [Started(options, reply, init.taskID, init.nodeID)] if reply is not None else []
 
     def _init_failed(self, message: str) -> list[Event]:
         log.error("%s", message)

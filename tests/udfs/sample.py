@@ -163,3 +163,23 @@ def fails_on(df, ctx):
     if ctx.group == ctx.options["group"]:
         raise ValueError(f"boom on {ctx.group}")
     return df
+
+
+@stream_udf(history=1)
+def where_from(df, ctx):
+    """Each point's database and retention policy, and the task and node, as string fields."""
+    return pd.DataFrame(
+        {
+            "database": ctx.database,
+            "retention_policy": ctx.retention_policy,
+            "task": ctx.task_id,
+            "node": ctx.node_id,
+        },
+        index=df.index,
+    )
+
+
+@batch_udf()
+def batch_where_from(df, ctx):
+    """The same for a batch."""
+    return df.assign(database=ctx.database, task=ctx.task_id, node=ctx.node_id)[["time", "database", "task", "node"]]
