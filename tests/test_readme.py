@@ -67,3 +67,11 @@ def test_each_readme_command_prints_what_the_readme_shows(command, shown, tmp_pa
         if line == "..." or "/path/to/" in line:
             continue  # elided, or where the reader's own installation lives
         assert line in printed, f"README shows {line!r}; the command printed:\n" + "\n".join(printed)
+
+
+@pytest.mark.integration
+def test_the_readme_demo_matches_kapacitors_reference():
+    assert "examples/demo.py" in BLOCKS[0][1]  # the README's first command runs it
+    done = subprocess.run([sys.executable, "examples/demo.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "demo OK: results match Kapacitor's reference" in done.stdout
