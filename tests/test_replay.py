@@ -346,3 +346,18 @@ def test_run_udf_on_spark_gives_what_it_gives_in_process(engines):
     here = run_udf(moving_avg, data, {"field": "usage", "size": 3}, group_by=["host"])
     there = run_udf(moving_avg, data, {"field": "usage", "size": 3}, group_by=["host"], engines=engines)
     pd.testing.assert_frame_equal(here, there)
+
+
+def test_a_slow_consumer_of_the_output_loses_nothing():
+    """The agent drops output left unread for a second after input ends (a task stop);
+    a replay whose consumer pauses longer than that must still get every point."""
+    import time
+
+    text_lines = cpu_lines(count=15_000)
+    points = list(read_points(lines("\n".join(text_lines))))
+    outputs = replay_points(moving_avg, in_process_engines(), [parse_call("field=usage"), parse_call("size=3")], points, group_by=["host"])
+    first = next(outputs)
+    time.sleep(2.5)  # input has ended by now, and the socket is full
+    rest = list(outputs)
+    assert 1 + len(rest) == len(points) == 30_000
+    assert (first.time, rest[-1].time) == (0, 14_999 * SECOND)

@@ -10,9 +10,9 @@ per window of ``batch_every``, as ``window().period(d).every(d).align()`` cuts t
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +78,12 @@ def _point(line: LinePoint, dimensions: list[str]) -> udf_pb2.Point:
 
 
 class InProcessKapacitor:
-    """Kapacitor's side of one agent run in this process: real frames over a socketpair."""
+    """Kapacitor's side of one agent run in this process: real frames over a socketpair.
+
+    Output is taken off the socket as fast as the agent writes it, by a thread of its own:
+    the agent drops output its peer leaves unread for a second after input ends (a task
+    stop), and writing line protocol or plotting may well take longer than that.
+    """
 
     def __init__(self, spec: UDFSpec, engines: Any, config: Any):
         from udf_agent.agent import Agent
@@ -87,18 +92,38 @@ class InProcessKapacitor:
         self._sock, theirs = socket.socketpair()
         self._connection = SocketConnection(theirs)
         self._agent = Agent(spec, self._connection, engines, config)
-        self._decoder = FrameDecoder(udf_pb2.Response)
-        self._received: list[udf_pb2.Response] = []
-        self._thread = threading.Thread(target=self._serve, name="replay-agent", daemon=True)
-        self._thread.start()
+        self._received: deque[udf_pb2.Response] = deque()
+        self._output_ended = False
+        self._arrived = threading.Condition()
         self.points_sent = 0
         self._send_error: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._serve, name="replay-agent", daemon=True),
+            threading.Thread(target=self._receive, name="replay-output", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def _serve(self) -> None:
         try:
             self._agent.run()
         finally:
             self._connection.close()
+
+    def _receive(self) -> None:
+        decoder = FrameDecoder(udf_pb2.Response)
+        try:
+            while data := self._sock.recv(1 << 20):
+                responses = decoder.feed(data)
+                with self._arrived:
+                    self._received.extend(responses)
+                    self._arrived.notify_all()
+        except OSError:
+            pass  # closed under us: the replay is over
+        finally:
+            with self._arrived:
+                self._output_ended = True
+                self._arrived.notify_all()
 
     def ask(self, request: udf_pb2.Request, kind: str) -> Any:
         """Sends one request and returns the reply of KIND (an ErrorResponse raises)."""
@@ -131,7 +156,8 @@ class InProcessKapacitor:
                     raise ReplayError(response.error.error)
                 yield response
         sender.join()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
         if self._send_error is not None:
             raise self._send_error
 
@@ -154,16 +180,16 @@ class InProcessKapacitor:
             self._sock.shutdown(socket.SHUT_WR)
 
     def _next_responses(self) -> list[udf_pb2.Response] | None:
-        """The Responses of the next read ([] after a short wait, so progress can be
-        shown while nothing comes out); None once the agent has closed its side."""
-        # A poll rather than a socket timeout: the input thread's sends stay blocking.
-        readable, _, _ = select.select([self._sock], [], [], PROGRESS_INTERVAL)
-        if not readable:
-            return []
-        data = self._sock.recv(1 << 20)
-        if not data:
-            return None
-        return list(self._decoder.feed(data))
+        """The Responses received since the last call ([] after a short wait, so progress can
+        be shown while nothing comes out); None once the agent has closed its side."""
+        with self._arrived:
+            if not self._received and not self._output_ended:
+                self._arrived.wait(PROGRESS_INTERVAL)
+            if not self._received:
+                return None if self._output_ended else []
+            responses = list(self._received)
+            self._received.clear()
+            return responses
 
     def close(self) -> None:
         self._sock.close()
