@@ -361,3 +361,11 @@ def test_a_slow_consumer_of_the_output_loses_nothing():
     rest = list(outputs)
     assert 1 + len(rest) == len(points) == 30_000
     assert (first.time, rest[-1].time) == (0, 14_999 * SECOND)
+
+
+def test_batch_every_takes_tickscript_durations(cpu_file):
+    path, _ = cpu_file
+    base = ["replay", "outliers", "--input", str(path), "-o", "field=usage", "--in-process"]
+    assert CliRunner().invoke(main, [*base, "--batch-every", "1d"]).exit_code == 0
+    refused = CliRunner().invoke(main, [*base, "--batch-every", "10x"])
+    assert refused.exit_code == 2 and "not a TICKscript duration" in refused.output

@@ -82,6 +82,21 @@ def _connect_url(ctx: Any, param: Any, value: str | None) -> str | None:
     return value
 
 
+def _tick_duration_ns(ctx: Any, param: Any, value: str | None) -> int | None:
+    """A TICKscript duration (10s, 5m, 1h, 1d, 1w) in nanoseconds."""
+    if value is None:
+        return None
+    from udf_agent.options import Duration
+
+    try:
+        ns = Duration(value).ns
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if ns <= 0:
+        raise click.BadParameter("must be greater than zero")
+    return ns
+
+
 def _compute_options(function: Any) -> Any:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
@@ -261,7 +276,7 @@ def check(socket_path: str, timeout: float) -> None:
 @click.option("--option", "-o", "option_calls", multiple=True, metavar="NAME=VALUE[,VALUE...]", help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.")
 @click.option("--output", "output_path", default="-", show_default=True, metavar="FILE|-", help="Where the UDF's output goes, as line protocol.")
 @click.option("--group-by", multiple=True, metavar="TAG", help="Group points by this tag, as groupBy() does; repeatable. Without it, all points are one group.")
-@click.option("--batch-every", type=DurationType(), metavar="DURATION", help="For batch UDFs: cut each group's points into batches of this period, aligned as window().period(d).every(d).align() cuts them. Required for batch UDFs.")
+@click.option("--batch-every", callback=_tick_duration_ns, metavar="DURATION", help="For batch UDFs: cut each group's points into batches of this period, aligned as window().period(d).every(d).align() cuts them. Required for batch UDFs.")
 @click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns", show_default=True, help="Unit of the input's timestamps.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png", help="Also draw each group's input and output series over time into one PNG (needs the 'plot' extra).")
 @click.option("--in-process", is_flag=True, help="Compute in this process instead of on Spark (the same code Spark's workers run): no JVM, quick tries.")
@@ -269,7 +284,7 @@ def check(socket_path: str, timeout: float) -> None:
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="warning", show_default=True)
-def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: float | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: Any, log_level: str) -> None:
+def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: Any, log_level: str) -> None:
     """Run TARGET over line protocol, without Kapacitor, and write its output as line protocol.
 
     The points go through the real agent (session, codec, micro-batches, Spark) as
@@ -310,7 +325,7 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     outputs = []
     try:
         with _output_file(output_path, out_fd) as out, _progress(len(points)) as progress:
-            for point in replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=None if batch_every is None else round(batch_every * 1e9), on_progress=progress):
+            for point in replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=batch_every, on_progress=progress):
                 line = format_point(point.name, point.tags, point.fields, point.time)
                 if line:
                     out.write(line + "\n")
