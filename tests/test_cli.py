@@ -179,3 +179,47 @@ def test_remote_must_be_a_spark_connect_url(runner, args, env):
     result = runner.invoke(main, ["run", "moving_avg", *args], env=env)
     assert result.exit_code == 2
     assert "is not a Spark Connect URL (sc://HOST:PORT)" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "replay", "info"])
+def test_help_of_commands_taking_a_target_lists_every_builtin_and_its_options(command):
+    from udf_agent.targets import builtin_specs
+
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0
+    built_in = result.output.split("Built-in TARGETs", 1)[1]
+    for name, spec in builtin_specs().items():
+        assert f"\n  {name}: " in built_in
+        for option in spec.options:
+            assert f".{option.name}({', '.join(option.type_names())})" in built_in
+    assert ".size(INT)  required" in built_in
+
+
+def test_a_target_whose_import_fails_shows_the_users_traceback_not_ours(tmp_path, monkeypatch):
+    (tmp_path / "broken_udf.py").write_text("def helper():\n    return 1 / 0\n\nhelper()\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["info", "broken_udf:fn"])
+    assert result.exit_code == 2
+    assert "Traceback (most recent call last):" in result.output
+    assert 'broken_udf.py", line 2, in helper' in result.output
+    assert "ZeroDivisionError: division by zero" in result.output
+    assert "importlib" not in result.output and "targets.py" not in result.output
+
+
+def test_a_target_module_not_found_gets_a_pythonpath_hint_with_kapacitors_env_block(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["info", "nowhere_pkg.mod:fn"])
+    assert result.exit_code == 2
+    assert "No module named 'nowhere_pkg'" in result.output
+    assert "Python looked for 'nowhere_pkg.mod' in sys.path:" in result.output
+    assert str(tmp_path) in result.output
+    assert "[udf.functions.NAME.env]" in result.output and "PYTHONPATH" in result.output
+
+
+def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path, monkeypatch):
+    (tmp_path / "needs_lib.py").write_text("import not_an_installed_library\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["info", "needs_lib:fn"])
+    assert result.exit_code == 2
+    assert 'needs_lib.py", line 1, in <module>' in result.output
+    assert "No module named 'not_an_installed_library'" in result.output

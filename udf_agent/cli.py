@@ -184,13 +184,48 @@ def _on_stop_signals(stop: Any) -> None:
         signal.signal(signum, handle)
 
 
+def describe(spec: Any) -> list[str]:
+    """A UDF's description, edges and options, one per line, as ``info`` prints them."""
+    lines = [f"{spec.name}: {spec.description}" if spec.description else spec.name, f"  wants: {spec.wants}   provides: {spec.provides}"]
+    if not spec.options:
+        return [*lines, "  options: none"]
+    lines.append("  options:")
+    for option in spec.options:
+        if option.multiple:
+            default = "repeatable"
+        elif option.required:
+            default = "required"
+        else:
+            default = f"default {_tick_value(option.default_value(), option)}"
+        line = f"    .{option.name}({', '.join(option.type_names())})  {default}"
+        lines.append(f"{line}  {option.help}" if option.help else line)
+    return lines
+
+
+def builtins_help() -> list[str]:
+    """Every built-in UDF with its edges and options, for the help of commands taking a TARGET."""
+    from udf_agent.targets import builtin_specs
+
+    return [line for spec in builtin_specs().values() for line in describe(spec)]
+
+
+class _TargetCommand(click.Command):
+    """A command taking a TARGET: its help ends with the built-ins and their options."""
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        super().format_epilog(ctx, formatter)
+        with formatter.section("Built-in TARGETs (or package.module:attribute for your own)"):
+            for line in builtins_help():
+                formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="udf-agent")
 def main() -> None:
     """Kapacitor UDFs written in pandas, computed on Spark."""
 
 
-@main.command()
+@main.command(cls=_TargetCommand)
 @click.argument("target")
 @_compute_options
 def run(target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
@@ -212,7 +247,7 @@ def run(target: str, master: str, confs: Any, log_level: str, **options: Any) ->
     _exit(code, engines)
 
 
-@main.command()
+@main.command(cls=_TargetCommand)
 @click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on.")
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions at most; a connection beyond gets an ErrorResponse saying so and is closed.")
@@ -270,7 +305,7 @@ def check(socket_path: str, timeout: float) -> None:
     click.echo(f"OK {socket_path}: {health}")
 
 
-@main.command()
+@main.command(cls=_TargetCommand)
 @click.argument("target")
 @click.option("--input", "input_path", required=True, metavar="FILE|-", help="InfluxDB line protocol to replay, gzip or not; '-' reads stdin.")
 @click.option("--option", "-o", "option_calls", multiple=True, metavar="NAME=VALUE[,VALUE...]", help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.")
@@ -384,7 +419,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
         yield report
 
 
-@main.command()
+@main.command(cls=_TargetCommand)
 @click.argument("target")
 @click.option("--kapacitor-conf", "conf_name", metavar="NAME", help="Print the kapacitor.conf block and a TICKscript call for NAME.")
 def info(target: str, conf_name: str | None) -> None:
@@ -393,21 +428,8 @@ def info(target: str, conf_name: str | None) -> None:
     if conf_name:
         click.echo(_kapacitor_conf(conf_name, target, spec))
         return
-    click.echo(f"{spec.name}: {spec.description}" if spec.description else spec.name)
-    click.echo(f"  wants: {spec.wants}   provides: {spec.provides}")
-    if not spec.options:
-        click.echo("  options: none")
-        return
-    click.echo("  options:")
-    for option in spec.options:
-        if option.multiple:
-            default = "repeatable"
-        elif option.required:
-            default = "required"
-        else:
-            default = f"default {_tick_value(option.default_value(), option)}"
-        line = f"    .{option.name}({', '.join(option.type_names())})  {default}"
-        click.echo(f"{line}  {option.help}" if option.help else line)
+    for line in describe(spec):
+        click.echo(line)
 
 
 @main.command(name="list")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 from udf_agent.api import UDFSpec, as_spec
 
@@ -35,10 +36,12 @@ def resolve_target(target: str) -> UDFSpec:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise TargetError(f"cannot import module {module_name!r}: {exc}") from exc
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            raise TargetError(f"cannot import module {module_name!r}: {exc}\n{_path_hint(module_name)}") from None
+        raise TargetError(f"importing module {module_name!r} failed:\n{_user_traceback(exc)}{_path_hint(module_name)}") from None
     except Exception as exc:
-        raise TargetError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+        raise TargetError(f"importing module {module_name!r} failed:\n{_user_traceback(exc)}") from None
     obj = module
     for part in attribute.split("."):
         try:
@@ -49,3 +52,24 @@ def resolve_target(target: str) -> UDFSpec:
         return as_spec(obj, target)
     except TypeError as exc:
         raise TargetError(str(exc)) from None
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback of an import that failed, without the frames of the import machinery."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if not _machinery(frame.filename)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames), *traceback.format_exception_only(type(exc), exc)]
+    return "".join(lines)
+
+
+def _machinery(filename: str) -> bool:
+    return filename.startswith("<frozen importlib") or os.path.abspath(filename) in (os.path.abspath(__file__), importlib.__file__)
+
+
+def _path_hint(module_name: str) -> str:
+    searched = "\n".join(f"    {entry or os.getcwd()}" for entry in sys.path)
+    return (
+        f"Python looked for {module_name!r} in sys.path:\n{searched}\n"
+        "Add the directory that holds your package to PYTHONPATH. Kapacitor starts the UDF with its own "
+        "environment, not your shell's: set it in kapacitor.conf under [udf.functions.NAME.env] as "
+        'PYTHONPATH = "/path/to/dir" (udf-agent info TARGET --kapacitor-conf NAME prints the block).'
+    )
