@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,10 @@ DEFAULT_CONF = {
 
 
 DISPATCHES = ("resident", "jobs")
+
+
+# How often the log says how long Spark has been starting.
+START_REPORT_INTERVAL = 5.0
 
 
 @dataclass
@@ -114,7 +119,9 @@ class SparkEngine:
             self._thread.start()
 
     def ready(self) -> bool:
-        return self._ready.is_set() and self._error is None
+        # A Spark that failed to start is ready too: its run fails at once, saying why
+        # (no Java, master unreachable), rather than micro-batches quietly staying local.
+        return self._ready.is_set()
 
     def wait_ready(self) -> None:
         self.start()
@@ -165,16 +172,23 @@ class SparkEngine:
                 log.warning("stopping Spark failed: %s", _first_line(exc))
 
     def _start_session(self) -> None:
+        started = time.monotonic()
+        threading.Thread(target=self._report_start, args=(started,), name="spark-start-clock", daemon=True).start()
         try:
             session = open_session(self.settings)
             self._start_dispatch(session)
             self._session = session
-            log.info("compute engine ready: micro-batches run %s", self.name)
+            log.info("compute engine ready in %.1f s: micro-batches run %s", time.monotonic() - started, self.name)
         except BaseException as exc:  # reported to whoever waits for the engine
-            log.error("Spark failed to start: %s", exc)
+            log.error("Spark failed to start after %.1f s: %s", time.monotonic() - started, exc)
             self._error = exc
         finally:
             self._ready.set()
+
+    def _report_start(self, started: float) -> None:
+        """Logs the time spent so far every few seconds while Spark starts (it can take 30 s)."""
+        while not self._ready.wait(START_REPORT_INTERVAL):
+            log.info("waiting for Spark to start: %.0f s so far", time.monotonic() - started)
 
 
     def _replace_dead_jvm(self, exit_code: int) -> None:
@@ -255,6 +269,11 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
 
     paths += [os.path.dirname(os.path.dirname(os.path.abspath(package.__file__ or ""))) for package in (udf_agent, spark_backend)]
     needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # Spark's log lines land in the UDF log: warnings and worse, everything with --log-level debug.
+    level = "INFO" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "WARN"
+    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
+    needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
     if settings.master.startswith("local"):
         # An embedded Spark talks to itself over loopback only; a cluster's executors must
         # reach the driver at an address Spark (or the user's --conf) picks.

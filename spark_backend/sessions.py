@@ -14,6 +14,8 @@ import socket
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+from udf_agent.engine import EngineStartError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
@@ -32,7 +34,7 @@ CONNECT_TIMEOUT = 5.0
 FALLBACK_SLOTS = 2
 
 
-class SparkStartError(RuntimeError):
+class SparkStartError(EngineStartError):
     """Spark could not be started or reached; the message names the URL and the cause."""
 
 
@@ -122,14 +124,18 @@ class ClassicSession:
         from pyspark.sql import SparkSession as Builder
 
         from spark_backend.engine import agent_conf
+        from spark_backend.java import JavaError, check_java
 
+        try:
+            java, version = check_java()
+        except JavaError as exc:
+            raise SparkStartError(str(exc)) from None
         check_reachable(settings.master)
-        log.info("starting Spark (master %s)", settings.master)
+        log.info("starting Spark (master %s, Java %d at %s)", settings.master, version, java)
         builder = Builder.builder.master(settings.master).appName(settings.app_name)
         for key, value in agent_conf(settings).items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("WARN")
         for key in settings.conf:
             # Read back from the live session: proof that the user's setting reached Spark.
             log.info("Spark conf %s=%s", key, session.sparkContext.getConf().get(key))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
-from udf_agent.engine import Engines
+from udf_agent.engine import Engines, EngineStartError
 from udf_agent.guard import error_frame, keepalive_frame
 from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.table import StreamMicroBatch, prefixed_ends
@@ -738,7 +738,10 @@ class Agent:
         try:
             results = engine.run(self._job, tasks)
         except Exception as exc:
-            log.exception("compute engine failed")
+            if isinstance(exc, EngineStartError):
+                log.error("compute engine failed: %s", exc)
+            else:
+                log.exception("compute engine failed")
             data = tasks.column("data").to_pylist()
             points = sum(_points_in(tasks, grouped, data, range(len(data))))
             message = f"compute engine failed on {len(data)} group(s), {points} point(s): {_first_line(exc)}"

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch
 log = logging.getLogger(__name__)
 
 
+class EngineStartError(RuntimeError):
+    """The engine cannot start (Spark unreachable, no Java): the message says why and what to
+    do, and a traceback would add nothing to it."""
+
+
 class Engine(Protocol):
     name: str  # where its micro-batches are computed, for the logs
 
