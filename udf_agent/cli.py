@@ -419,6 +419,32 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
         yield report
 
 
+@main.command()
+@click.option("--master", default="local[*]", show_default=True, help="Spark master to start, as for run.")
+@click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to reach instead.")
+@click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
+@click.option("--socket-dir", default="/var/run/udf-agent", show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket).")
+def doctor(master: str, remote: str | None, confs: Any, socket_dir: str) -> None:
+    """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
+    the socket directory. One line each, OK or what to do; exit 1 if any fails."""
+    from udf_agent.doctor import run_checks
+    from udf_agent.logs import configure_logging
+
+    configure_logging("error")  # the checks' lines say it all
+
+    def make_spark() -> Any:
+        from spark_backend import SparkEngine, SparkSettings
+
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), remote=remote))
+
+    failed = 0
+    for check in run_checks(make_spark, socket_dir, uses_java=remote is None):
+        click.echo(f"{'OK  ' if check.ok else 'FAIL'} {check.name}: {check.detail}")
+        failed += not check.ok
+    if failed:
+        raise click.ClickException(f"{failed} check(s) failed")
+
+
 @main.command(cls=_TargetCommand)
 @click.argument("target")
 @click.option("--kapacitor-conf", "conf_name", metavar="NAME", help="Print the kapacitor.conf block and a TICKscript call for NAME.")

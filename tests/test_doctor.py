@@ -1,0 +1,48 @@
+"""``udf-agent doctor``: one line per check, OK or what to do; exit 1 if any fails."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from udf_agent.doctor import check_socket_dir
+
+
+def doctor(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "udf_agent", "doctor", *args], capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_a_healthy_machine_passes_every_check_and_spark_is_started_and_timed(tmp_path):
+    done = doctor("--master", "local[1]", "--socket-dir", str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["OK   python", "OK   java", "OK   pyspark", "OK   spark", "OK   socket dir"]
+    assert "started in " in lines[3] and " s, micro-batches run on Spark" in lines[3]
+
+
+@pytest.mark.integration
+def test_without_java_doctor_says_what_to_install_and_does_not_try_spark(tmp_path):
+    done = doctor("--socket-dir", str(tmp_path), env={"JAVA_HOME": "", "PATH": str(tmp_path)})
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("FAIL java: Java not found") and "openjdk-17-jre-headless" in lines[1]
+    assert lines[3] == "FAIL spark: not started: fix the lines above first"
+    assert "2 check(s) failed" in done.stderr
+
+
+def test_a_missing_socket_directory_says_how_to_create_it(tmp_path):
+    check = check_socket_dir(str(tmp_path / "missing"))
+    assert not check.ok
+    assert "does not exist: create it" in check.detail and "install -d" in check.detail
+
+
+def test_an_unwritable_socket_directory_is_named(tmp_path, monkeypatch):
+    from udf_agent import doctor as doctor_module
+
+    # Root may write anywhere: the permission answer is the kernel's, stood in for here.
+    monkeypatch.setattr(doctor_module.os, "access", lambda path, mode: False)
+    check = check_socket_dir(str(tmp_path))
+    assert not check.ok and "is not writable by this user" in check.detail

@@ -1,0 +1,77 @@
+"""``udf-agent doctor``: is this machine ready to run UDFs? One check per line, each OK or
+what is wrong and what to do."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_SOCKET_DIR = "/var/run/udf-agent"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def run_checks(make_spark: Callable[[], Any], socket_dir: str, uses_java: bool) -> Iterator[Check]:
+    """Every check in order; Spark is started only when what it needs is there."""
+    yield Check("python", True, f"{sys.version.split()[0]} at {sys.executable}")
+    java = check_java() if uses_java else Check("java", True, "not needed: Spark Connect computes elsewhere")
+    yield java
+    libraries = check_libraries()
+    yield libraries
+    if java.ok and libraries.ok:
+        yield check_spark(make_spark)
+    else:
+        yield Check("spark", False, "not started: fix the lines above first")
+    yield check_socket_dir(socket_dir)
+
+
+def check_java() -> Check:
+    from spark_backend.java import JavaError
+    from spark_backend.java import check_java as find_usable_java
+
+    try:
+        path, version = find_usable_java()
+    except JavaError as exc:
+        return Check("java", False, str(exc))
+    return Check("java", True, f"Java {version} at {path}")
+
+
+def check_libraries() -> Check:
+    try:
+        import pandas
+        import pyarrow
+        import pyspark
+    except ImportError as exc:
+        return Check("pyspark", False, f"{exc}: reinstall udf-agent (pip install udf-agent) in this environment")
+    return Check("pyspark", True, f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
+
+
+def check_spark(make_spark: Callable[[], Any]) -> Check:
+    """Starts Spark the way ``run`` does (resident workers included), times it, stops it."""
+    started = time.monotonic()
+    engine = make_spark()
+    try:
+        engine.wait_ready()
+    except Exception as exc:
+        return Check("spark", False, f"did not start after {time.monotonic() - started:.1f} s: {exc}")
+    finally:
+        engine.stop()
+    return Check("spark", True, f"started in {time.monotonic() - started:.1f} s, micro-batches run {engine.name}")
+
+
+def check_socket_dir(directory: str) -> Check:
+    name = "socket dir"
+    if not os.path.isdir(directory):
+        return Check(name, False, f"{directory} does not exist: create it for the user kapacitord runs as, e.g. sudo install -d -o kapacitor -g kapacitor -m 0750 {directory} (or pass --socket-dir)")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return Check(name, False, f"{directory} is not writable by this user (uid {os.getuid()}): chown it to the user that runs udf-agent serve, or pass --socket-dir")
+    return Check(name, True, f"{directory} is writable: udf-agent serve --socket {os.path.join(directory, 'NAME.sock')} TARGET")
