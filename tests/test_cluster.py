@@ -77,7 +77,7 @@ def test_moving_avg_on_a_standalone_cluster_matches_plain_pandas(agent):
     expected = frame.groupby("group")["v"].transform(lambda s: s.rolling(4, min_periods=1).mean())
     assert [p.time for p in points] == list(frame["time"])  # arrival order across groups
     assert [p.fieldsDouble["avg"] for p in points] == pytest.approx(list(expected), rel=1e-12)
-    assert "compute engine ready: micro-batches run on Spark's resident workers" in driver.log()
+    assert "s: micro-batches run on Spark's resident workers" in driver.log()
 
 
 def test_outliers_on_a_standalone_cluster_match_the_tukey_fences(agent):
