@@ -195,11 +195,18 @@ def test_help_of_commands_taking_a_target_lists_every_builtin_and_its_options(co
     assert ".size(INT)  required" in built_in
 
 
-def test_a_target_whose_import_fails_shows_the_users_traceback_not_ours(tmp_path, monkeypatch):
-    (tmp_path / "broken_udf.py").write_text("def helper():\n    return 1 / 0\n\nhelper()\n")
+def info_of_failing_target(tmp_path, monkeypatch, target, modules=None):
+    """``udf-agent info TARGET`` run in TMP_PATH holding MODULES ({file name: source}): it must fail with exit code 2."""
+    for name, source in (modules or {}).items():
+        (tmp_path / name).write_text(source)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["info", "broken_udf:fn"])
+    result = CliRunner().invoke(main, ["info", target])
     assert result.exit_code == 2
+    return result
+
+
+def test_a_target_whose_import_fails_shows_the_users_traceback_not_ours(tmp_path, monkeypatch):
+    result = info_of_failing_target(tmp_path, monkeypatch, "broken_udf:fn", {"broken_udf.py": "def helper():\n    return 1 / 0\n\nhelper()\n"})
     assert "Traceback (most recent call last):" in result.output
     assert 'broken_udf.py", line 2, in helper' in result.output
     assert "ZeroDivisionError: division by zero" in result.output
@@ -207,9 +214,7 @@ def test_a_target_whose_import_fails_shows_the_users_traceback_not_ours(tmp_path
 
 
 def test_a_target_module_not_found_gets_a_pythonpath_hint_with_kapacitors_env_block(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["info", "nowhere_pkg.mod:fn"])
-    assert result.exit_code == 2
+    result = info_of_failing_target(tmp_path, monkeypatch, "nowhere_pkg.mod:fn")
     assert "No module named 'nowhere_pkg'" in result.output
     assert "Python looked for 'nowhere_pkg.mod' in sys.path:" in result.output
     assert str(tmp_path) in result.output
@@ -217,9 +222,6 @@ def test_a_target_module_not_found_gets_a_pythonpath_hint_with_kapacitors_env_bl
 
 
 def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path, monkeypatch):
-    (tmp_path / "needs_lib.py").write_text("import not_an_installed_library\n")
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["info", "needs_lib:fn"])
-    assert result.exit_code == 2
+    result = info_of_failing_target(tmp_path, monkeypatch, "needs_lib:fn", {"needs_lib.py": "import not_an_installed_library\n"})
     assert 'needs_lib.py", line 1, in <module>' in result.output
     assert "No module named 'not_an_installed_library'" in result.output
