@@ -37,6 +37,8 @@ class UDFSpec:
     # Called once per partition with many groups' rows (see Context.group_starts),
     # so nothing in the call scales with the number of groups.
     vectorized: bool = False
+    # Checks the options together, at Init: None when fine, else the problem (a string).
+    check_options: Callable[[OptionValues], str | None] | None = None
 
     def __post_init__(self) -> None:
         for edge in (self.wants, self.provides):
@@ -120,6 +122,7 @@ def stream_udf(
     name: str | None = None,
     compute: bool = True,
     vectorized: bool = False,
+    check_options: Callable[[OptionValues], str | None] | None = None,
 ) -> Callable[[Callable[..., Any]], UDFSpec]:
     """Declares a STREAM-in UDF called once per group of each micro-batch, or with
     ``vectorized=True`` once per partition of it, many groups at a time."""
@@ -134,6 +137,7 @@ def stream_udf(
             history=history,
             compute=compute,
             vectorized=vectorized,
+            check_options=check_options,
             description=_first_line(function.__doc__),
         )
 

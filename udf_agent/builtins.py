@@ -83,4 +83,10 @@ def outliers(df: Any, ctx: Context) -> Any:
     return df[(values < q1 - spread) | (values > q3 + spread)]
 
 
-BUILTINS: dict[str, UDFSpec] = {spec.name: spec for spec in (mirror, moving_avg, outliers)}
+def _all() -> dict[str, UDFSpec]:
+    from udf_agent.scores import ewma, mad, zscore
+
+    return {spec.name: spec for spec in (mirror, moving_avg, outliers, ewma, zscore, mad)}
+
+
+BUILTINS: dict[str, UDFSpec] = _all()

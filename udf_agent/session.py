@@ -169,6 +169,9 @@ class Session:
             return self.fail("received a second InitRequest after a successful one")
         try:
             options = parse_options(self.spec.options, init.options)
+            problem = self.spec.check_options(options) if self.spec.check_options is not None else None
+            if problem:
+                raise OptionsError([problem])
             self.spec.history_window(options)
         except OptionsError as exc:
             return self._init_failed(f"invalid options for UDF {self.spec.name!r}: {exc}")

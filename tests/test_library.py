@@ -1,0 +1,143 @@
+"""The ready stream UDFs ewma, zscore and mad: against plain pandas, exact across micro-batch
+boundaries on Spark, and through a snapshot restored in a fresh agent."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from udf_agent.agent import AgentConfig
+from udf_agent.scores import ewma, mad, zscore
+from udf_agent.testing import InProcessAgent, option, run_udf
+
+HOSTS = ("a", "b", "c")
+
+
+def stream(count=120, seed=3):
+    rng = np.random.default_rng(seed)
+    rows = [(t, host, float(rng.normal(50, 10)) if (t, host) != (60, "b") else 400.0) for t in range(count) for host in HOSTS]
+    return pd.DataFrame(rows, columns=["t", "host", "usage"])
+
+
+def run_on_agent(spec, engines, options, frame, snapshot_after=None):
+    """Feeds FRAME in micro-batches of 7 points; with SNAPSHOT_AFTER, takes a snapshot after
+    that many points and goes on in a fresh agent restored from it. Output points by time."""
+
+    def start():
+        agent = InProcessAgent(spec, engines, AgentConfig(flush_interval=0.01, max_batch_points=7))
+        assert agent.driver.init(*options).success
+        return agent
+
+    def feed(driver, rows):
+        for t, host, usage in rows:
+            driver.point(time=t, name="cpu", group=f"host={host}", dimensions=["host"], tags={"host": host}, fieldsDouble={"usage": usage})
+
+    rows = list(frame.itertuples(index=False, name=None))
+    cut = len(rows) if snapshot_after is None else snapshot_after
+    agent = start()
+    feed(agent.driver, rows[:cut])
+    points = list(agent.driver.responses.wait_for("point", cut, timeout=300))
+    if snapshot_after is not None:
+        data = agent.driver.snapshot()
+        assert agent.finish() == 0
+        agent = start()
+        assert agent.driver.restore(data).success
+        feed(agent.driver, rows[cut:])
+        points += agent.driver.responses.wait_for("point", len(rows) - cut, timeout=300)
+    assert agent.finish() == 0
+    assert len(points) == len(rows)
+    return points
+
+
+def by_group(frame, column, compute):
+    return frame.groupby("host", sort=False)[column].transform(compute)
+
+
+def ewma_reference(frame, alpha):
+    return by_group(frame, "usage", lambda s: s.ewm(alpha=alpha, adjust=False).mean())
+
+
+def zscore_reference(frame, size):
+    """Each point against the SIZE points of its group before it."""
+    mean = by_group(frame, "usage", lambda s: s.rolling(size, min_periods=2).mean().shift(1))
+    std = by_group(frame, "usage", lambda s: s.rolling(size, min_periods=2).std(ddof=1).shift(1))
+    return (frame["usage"] - mean) / std
+
+
+def mad_reference(frame, size):
+    def scores(series):
+        out = []
+        for i in range(len(series)):
+            window = series.iloc[max(0, i - size) : i]
+            median = window.median()
+            spread = (window - median).abs().median()
+            out.append(0.6745 * (series.iloc[i] - median) / spread if len(window) >= 2 and spread else np.nan)
+        return pd.Series(out, index=series.index)
+
+    return by_group(frame, "usage", scores)
+
+
+CASES = [
+    (ewma, [option("field", "usage"), option("alpha", 0.3)], lambda f: ewma_reference(f, 0.3), "ewma", None),
+    (zscore, [option("field", "usage"), option("size", 10)], lambda f: zscore_reference(f, 10), "zscore", 3.0),
+    (mad, [option("field", "usage"), option("size", 9)], lambda f: mad_reference(f, 9), "mad", 3.5),
+]
+
+
+def field_of(points, name):
+    return np.array([p.fieldsDouble.get(name, np.nan) for p in points])
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("spec, options, reference, name, threshold", CASES, ids=[c[0].name for c in CASES])
+def test_on_spark_in_micro_batches_of_seven_points_each_score_matches_plain_pandas(engines, spec, options, reference, name, threshold):
+    frame = stream()
+    points = run_on_agent(spec, engines, options, frame)
+    assert [(p.time, p.tags["host"]) for p in points] == list(zip(frame["t"], frame["host"]))
+    expected = reference(frame).to_numpy()
+    np.testing.assert_allclose(field_of(points, name), expected, rtol=1e-9, atol=1e-12, equal_nan=True)
+    if threshold is not None:
+        flagged = [(p.time, p.tags["host"]) for p in points if p.fieldsBool["anomaly"]]
+        assert flagged == [(t, h) for t, h, s in zip(frame["t"], frame["host"], expected) if abs(s) > threshold]
+        assert (60, "b") in flagged
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("spec, options, reference, name, threshold", CASES, ids=[c[0].name for c in CASES])
+def test_a_snapshot_restored_in_a_fresh_agent_continues_exactly(engines, spec, options, reference, name, threshold):
+    frame = stream(count=40)
+    uninterrupted = field_of(run_on_agent(spec, engines, options, frame), name)
+    resumed = field_of(run_on_agent(spec, engines, options, frame, snapshot_after=50), name)
+    np.testing.assert_array_equal(resumed, uninterrupted)
+
+
+def test_ewma_by_span_and_a_point_without_the_field():
+    data = pd.DataFrame({"time": pd.to_datetime(range(5), unit="s"), "usage": [1.0, 2.0, np.nan, 4.0, 5.0]})
+    out = run_udf("ewma", data, {"field": "usage", "span": 3.0})
+    # alpha = 2 / (3 + 1); the point without a value gets none and leaves the average as it was.
+    assert out["ewma"].tolist()[:2] == [1.0, 1.5]
+    assert np.isnan(out["ewma"][2])
+    assert out["ewma"].tolist()[3:] == [2.75, 3.875]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"field": "usage"}, "set exactly one of .alpha"),
+        ({"field": "usage", "alpha": 0.5, "span": 3.0}, "set exactly one of .alpha"),
+        ({"field": "usage", "alpha": 1.5}, "'alpha' must be in (0, 1]"),
+    ],
+)
+def test_ewma_refuses_options_that_do_not_name_one_smoothing(options, message):
+    from udf_agent.replay import ReplayError
+
+    data = pd.DataFrame({"time": pd.to_datetime([1], unit="s"), "usage": [1.0]})
+    with pytest.raises(ReplayError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        run_udf("ewma", data, options)
+
+
+def test_zscore_window_size_must_hold_two_points():
+    from udf_agent.replay import ReplayError
+
+    data = pd.DataFrame({"time": pd.to_datetime([1], unit="s"), "usage": [1.0]})
+    with pytest.raises(ReplayError, match="'size': must be between 2 and 10000, got 1"):
+        run_udf("zscore", data, {"field": "usage", "size": 1})
