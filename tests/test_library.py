@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from udf_agent.agent import AgentConfig
+from udf_agent.options import Duration
 from udf_agent.scores import ewma, mad, zscore
 from udf_agent.testing import InProcessAgent, option, run_udf
 
@@ -141,3 +142,74 @@ def test_zscore_window_size_must_hold_two_points():
     data = pd.DataFrame({"time": pd.to_datetime([1], unit="s"), "usage": [1.0]})
     with pytest.raises(ReplayError, match="'size': must be between 2 and 10000, got 1"):
         run_udf("zscore", data, {"field": "usage", "size": 1})
+
+
+# --- batch UDFs: resample and forecast -----------------------------------------------------
+
+SECOND = 1_000_000_000
+
+
+def irregular_batches(seed=5):
+    """Two hosts, points at irregular times over 3 minutes, with a gap in host b."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for host in ("a", "b"):
+        times = np.sort(rng.choice(np.arange(0, 180), size=40, replace=False))
+        if host == "b":
+            times = times[(times < 60) | (times > 100)]
+        rows += [(int(t) * SECOND, host, float(rng.normal(10, 3))) for t in times]
+    return pd.DataFrame(rows, columns=["time", "host", "usage"]).sort_values("time", kind="stable")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("agg, fill", [("mean", "linear"), ("max", "previous"), ("count", "none")])
+def test_resample_on_spark_matches_pandas_resample_per_window_and_host(engines, agg, fill):
+    data = irregular_batches()
+    out = run_udf("resample", data, {"every": Duration("10s"), "agg": agg, "fill": fill}, group_by=["host"], batch_every="1m", engines=engines)
+    expected = []
+    for (_, host), rows in data.groupby([data["time"] // (60 * SECOND), "host"]):
+        series = rows.set_index(pd.to_datetime(rows["time"], unit="ns"))["usage"]
+        grid = series.resample("10s", origin="epoch").agg(agg)
+        if agg == "count":
+            grid = grid.where(grid > 0)  # an empty cell has no points to count
+        grid = {"linear": grid.interpolate("time"), "previous": grid.ffill(), "none": grid.dropna()}[fill]
+        expected += [(host, int(t.value), float(v)) for t, v in grid.items()]
+    got = [(h, int(t.value), float(v)) for h, t, v in zip(out["host"], out["time"], out["usage"])]
+    assert_same_points(got, expected)
+    assert len(got) > 20
+
+
+def assert_same_points(got, expected):
+    """(host, time, value) triples: the same keys, values within 1e-9."""
+    got, expected = sorted(got), sorted(expected)
+    assert [key[:2] for key in got] == [key[:2] for key in expected]
+    np.testing.assert_allclose([v for *_, v in got], [v for *_, v in expected], rtol=1e-9)
+
+
+def holt_reference(values, alpha, beta, horizon):
+    levels, trends = [values[0]], [values[1] - values[0]]
+    for value in values[1:]:
+        levels.append(alpha * value + (1 - alpha) * (levels[-1] + trends[-1]))
+        trends.append(beta * (levels[-1] - levels[-2]) + (1 - beta) * trends[-1])
+    return [levels[-1] + h * trends[-1] for h in range(1, horizon + 1)]
+
+
+@pytest.mark.spark
+def test_forecast_on_spark_follows_holts_linear_trend_per_batch(engines):
+    data = irregular_batches()
+    out = run_udf("forecast", data, {"field": "usage", "horizon": 3, "alpha": 0.6, "beta": 0.2}, group_by=["host"], batch_every="1m", engines=engines)
+    expected = []
+    for (_, host), rows in data.groupby([data["time"] // (60 * SECOND), "host"]):
+        stamps = rows["time"].to_numpy()
+        step = int(np.median(np.diff(stamps)))
+        values = holt_reference(rows["usage"].tolist(), 0.6, 0.2, 3)
+        expected += [(host, int(stamps[-1] + h * step), v) for h, v in zip(range(1, 4), values)]
+    got = [(h, int(t.value), v) for h, t, v in zip(out["host"], out["time"], out["forecast"])]
+    assert_same_points(got, expected)
+
+
+def test_forecast_of_a_straight_line_continues_it():
+    data = pd.DataFrame({"time": pd.to_datetime(np.arange(10) * 5, unit="s"), "v": 2.0 * np.arange(10) + 1})
+    out = run_udf("forecast", data, {"field": "v", "horizon": 2}, batch_every="1h")
+    assert out["forecast"].tolist() == pytest.approx([21.0, 23.0])
+    assert [t.value for t in out["time"]] == [50 * SECOND, 55 * SECOND]
