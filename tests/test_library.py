@@ -213,3 +213,30 @@ def test_forecast_of_a_straight_line_continues_it():
     out = run_udf("forecast", data, {"field": "v", "horizon": 2}, batch_every="1h")
     assert out["forecast"].tolist() == pytest.approx([21.0, 23.0])
     assert [t.value for t in out["time"]] == [50 * SECOND, 55 * SECOND]
+
+
+@pytest.mark.spark
+def test_ttest_on_spark_is_welchs_test_against_the_previous_batches_of_the_group(engines):
+    from scipy import stats
+
+    rng = np.random.default_rng(9)
+    rows = []
+    for window in range(6):
+        for host in ("a", "b"):
+            shift = 4.0 if (window, host) == (4, "a") else 0.0
+            rows += [(window * 60 * SECOND + i * SECOND, host, float(rng.normal(10 + shift, 1 + window % 2))) for i in range(8 + window)]
+    data = pd.DataFrame(rows, columns=["time", "host", "usage"]).sort_values("time", kind="stable")
+    # All six windows reach the agent at once: each batch must still see the state its group's
+    # previous batch left.
+    out = run_udf("ttest", data, {"field": "usage", "size": 3, "alpha": 0.01}, group_by=["host"], batch_every="1m", engines=engines)
+    expected = []
+    for host in ("a", "b"):
+        windows = [data[(data["host"] == host) & (data["time"] // (60 * SECOND) == w)]["usage"].to_numpy() for w in range(6)]
+        for w in range(1, 6):
+            result = stats.ttest_ind(windows[w], np.concatenate(windows[max(0, w - 3) : w]), equal_var=False)
+            expected.append((host, (w + 1) * 60 * SECOND, float(result.statistic), float(result.pvalue)))
+    got = [(h, t.value, tv, p) for h, t, tv, p in zip(out["host"], out["time"], out["t"], out["pvalue"])]
+    assert [g[:2] for g in sorted(got)] == [e[:2] for e in sorted(expected)]
+    np.testing.assert_allclose([g[2:] for g in sorted(got)], [e[2:] for e in sorted(expected)], rtol=1e-9)
+    assert out["significant"].tolist() == (out["pvalue"] < 0.01).tolist()
+    assert ["a", pd.Timestamp(5 * 60 * SECOND, unit="ns", tz="UTC")] in out[out["significant"]][["host", "time"]].values.tolist()

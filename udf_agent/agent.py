@@ -709,8 +709,16 @@ class Agent:
 
         spec, _ = self._loaded()
         if grouped is None:
-            rows = []
+            # A group's next batch needs the state its previous one left: a micro-batch holding
+            # several batches of a group is computed in runs with one batch per group at most,
+            # each run's state read once the run before it is kept.
+            rows: list[tuple[Any, ...]] = []
+            in_run: set[str] = set()
             for seq, kbatch in enumerate(batch.batches):
+                if kbatch.group in in_run:
+                    yield tasks_from_rows(rows)
+                    rows, in_run = [], set()
+                in_run.add(kbatch.group)
                 meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
                 _, state = self._groups.get(kbatch.group, (None, None))
                 rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))

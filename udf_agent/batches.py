@@ -103,3 +103,58 @@ def forecast(df: Any, ctx: Context) -> Any:
     level, trend = holt(known["value"].to_numpy(), options["alpha"], options["beta"])
     ahead = np.arange(1, options["horizon"] + 1)
     return pd.DataFrame({"time": pd.to_datetime(stamps[-1] + ahead * step, unit="ns", utc=True), options["as"]: level + ahead * trend})
+
+
+def _batches(value: int) -> Any:
+    return value >= 1 or f"must be >= 1, got {value}"
+
+
+def _pooled(summaries: list[list[float]]) -> tuple[float, float, float]:
+    """(n, mean, sum of squared deviations) of several samples' summaries, pooled exactly
+    (Chan et al.), without keeping their points."""
+    n, mean, m2 = 0.0, 0.0, 0.0
+    for count, batch_mean, batch_m2 in summaries:
+        total = n + count
+        delta = batch_mean - mean
+        mean += delta * count / total
+        m2 += batch_m2 + delta * delta * n * count / total
+        n = total
+    return n, mean, m2
+
+
+@batch_udf(
+    options=[
+        Option("field", str, validate=_a_name, help="field to test", example="usage_user"),
+        Option("size", int, validate=_batches, help="earlier batches of the group the batch is tested against", example=5),
+        Option("alpha", float, default=0.05, validate=_unit_interval, help="significance level of the `significant` field"),
+    ],
+    provides="stream",
+)
+def ttest(df: Any, ctx: Context) -> Any:
+    """Per batch, Welch's t-test of `field` against the group's previous `size` batches
+    pooled: one point at the batch's tmax with `t`, `pvalue` and `significant`."""
+    import numpy as np
+    import pandas as pd
+    from scipy import stats
+
+    options = ctx.options
+    values = pd.to_numeric(df[options["field"]], errors="coerce").dropna().to_numpy(dtype="float64") if options["field"] in df else np.array([])
+    earlier: list[list[float]] = ctx.state.get("batches", [])
+    current = [float(len(values)), float(values.mean()), float(((values - values.mean()) ** 2).sum())] if len(values) else None
+    if current is not None:
+        # Summaries only (n, mean, squared deviations): the state stays small and JSON.
+        ctx.state["batches"] = [*earlier, current][-options["size"] :]
+    if current is None or current[0] < 2:
+        return None
+    n2, mean2, m2 = _pooled(earlier)
+    if n2 < 2:
+        return None
+    n1, mean1, m1 = current
+    var1, var2 = m1 / (n1 - 1), m2 / (n2 - 1)
+    spread = var1 / n1 + var2 / n2
+    if spread == 0:
+        return None  # constant samples: no test
+    t = (mean1 - mean2) / np.sqrt(spread)
+    dof = spread**2 / ((var1 / n1) ** 2 / (n1 - 1) + (var2 / n2) ** 2 / (n2 - 1))
+    pvalue = float(2 * stats.t.sf(abs(t), dof))
+    return pd.DataFrame({"time": [ctx.tmax], "t": [float(t)], "pvalue": [pvalue], "significant": [pvalue < options["alpha"]]})

@@ -84,10 +84,10 @@ def outliers(df: Any, ctx: Context) -> Any:
 
 
 def _all() -> dict[str, UDFSpec]:
-    from udf_agent.batches import forecast, resample
+    from udf_agent.batches import forecast, resample, ttest
     from udf_agent.scores import ewma, mad, zscore
 
-    return {spec.name: spec for spec in (mirror, moving_avg, outliers, ewma, zscore, mad, resample, forecast)}
+    return {spec.name: spec for spec in (mirror, moving_avg, outliers, ewma, zscore, mad, resample, forecast, ttest)}
 
 
 BUILTINS: dict[str, UDFSpec] = _all()
