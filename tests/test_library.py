@@ -240,3 +240,40 @@ def test_ttest_on_spark_is_welchs_test_against_the_previous_batches_of_the_group
     np.testing.assert_allclose([g[2:] for g in sorted(got)], [e[2:] for e in sorted(expected)], rtol=1e-9)
     assert out["significant"].tolist() == (out["pvalue"] < 0.01).tolist()
     assert ["a", pd.Timestamp(5 * 60 * SECOND, unit="ns", tz="UTC")] in out[out["significant"]][["host", "time"]].values.tolist()
+
+
+@pytest.mark.spark
+def test_ttest_state_survives_a_snapshot_restored_in_a_fresh_agent(engines):
+    from udf_agent.batches import ttest
+
+    rng = np.random.default_rng(4)
+    windows = [[float(v) for v in rng.normal(10 + (w == 5) * 3, 1, size=6)] for w in range(7)]
+
+    def start():
+        agent = InProcessAgent(ttest, engines, AgentConfig(flush_interval=0.01))
+        assert agent.driver.init(option("field", "usage"), option("size", 3)).success
+        return agent
+
+    def send(driver, w):
+        driver.begin(name="cpu", group="host=a", tags={"host": "a"}, size=len(windows[w]))
+        for i, value in enumerate(windows[w]):
+            driver.point(time=w * 60 * SECOND + i * SECOND, name="cpu", group="host=a", tags={"host": "a"}, fieldsDouble={"usage": value})
+        driver.end(name="cpu", group="host=a", tags={"host": "a"}, tmax=(w + 1) * 60 * SECOND)
+
+    def run(cut=None):
+        agent = start()
+        for w in range(7):
+            if w == cut:
+                agent.driver.responses.wait_for("point", w - 1, timeout=300)  # every earlier batch computed
+                data = agent.driver.snapshot()
+                assert agent.finish() == 0
+                agent = start()
+                assert agent.driver.restore(data).success
+            send(agent.driver, w)
+        points = agent.driver.responses.wait_for("point", 7 - 1 - (0 if cut is None else cut - 1), timeout=300)
+        assert agent.finish() == 0
+        return [(p.time, p.fieldsDouble["t"], p.fieldsDouble["pvalue"]) for p in points]
+
+    uninterrupted = run()
+    assert len(uninterrupted) == 6
+    assert run(cut=4)[-3:] == uninterrupted[-3:]
