@@ -147,8 +147,16 @@ def descendants(pid: int) -> list[int]:
 
 
 def java_descendants(pid: int) -> list[int]:
-    """The JVMs (Spark's) among ``pid``'s descendants."""
-    return [child for child in descendants(pid) if process_name(child) == "java"]
+    """Spark's JVMs among ``pid``'s descendants (not a passing ``java -version``)."""
+    return [child for child in descendants(pid) if process_name(child) == "java" and _runs_spark(child)]
+
+
+def _runs_spark(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"org.apache.spark" in cmdline.read()
+    except OSError:
+        return False
 
 
 def _group_members(pgid: int) -> list[int]:
