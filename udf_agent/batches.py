@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, batch_udf
-from udf_agent.options import Duration, Option
+from udf_agent.options import Duration, Option, at_least, field_name
 
 AGGREGATIONS = ("mean", "sum", "min", "max", "first", "last", "count")
 FILLS = ("linear", "previous", "none")
@@ -56,14 +56,6 @@ def _unit_interval(value: float) -> Any:
     return 0 < value <= 1 or f"must be in (0, 1], got {value}"
 
 
-def _at_least_one(value: int) -> Any:
-    return value >= 1 or f"must be >= 1, got {value}"
-
-
-def _a_name(value: str) -> Any:
-    return value.strip() != "" or "must be a field name, got an empty string"
-
-
 def holt(values: Any, alpha: float, beta: float) -> tuple[float, float]:
     """Holt's linear trend: the level and trend after the last value."""
     level, trend = float(values[0]), float(values[1] - values[0])
@@ -76,11 +68,11 @@ def holt(values: Any, alpha: float, beta: float) -> tuple[float, float]:
 
 @batch_udf(
     options=[
-        Option("field", str, validate=_a_name, help="field to forecast", example="usage_user"),
-        Option("horizon", int, validate=_at_least_one, help="future points per batch", example=10),
+        Option("field", str, validate=field_name, help="field to forecast", example="usage_user"),
+        Option("horizon", int, validate=at_least(1), help="future points per batch", example=10),
         Option("alpha", float, default=0.5, validate=_unit_interval, help="level smoothing"),
         Option("beta", float, default=0.3, validate=_unit_interval, help="trend smoothing"),
-        Option("as", str, default="forecast", validate=_a_name, help="name of the output field"),
+        Option("as", str, default="forecast", validate=field_name, help="name of the output field"),
     ]
 )
 def forecast(df: Any, ctx: Context) -> Any:
@@ -105,10 +97,6 @@ def forecast(df: Any, ctx: Context) -> Any:
     return pd.DataFrame({"time": pd.to_datetime(stamps[-1] + ahead * step, unit="ns", utc=True), options["as"]: level + ahead * trend})
 
 
-def _batches(value: int) -> Any:
-    return value >= 1 or f"must be >= 1, got {value}"
-
-
 def _pooled(summaries: list[list[float]]) -> tuple[float, float, float]:
     """(n, mean, sum of squared deviations) of several samples' summaries, pooled exactly
     (Chan et al.), without keeping their points."""
@@ -124,8 +112,8 @@ def _pooled(summaries: list[list[float]]) -> tuple[float, float, float]:
 
 @batch_udf(
     options=[
-        Option("field", str, validate=_a_name, help="field to test", example="usage_user"),
-        Option("size", int, validate=_batches, help="earlier batches of the group the batch is tested against", example=5),
+        Option("field", str, validate=field_name, help="field to test", example="usage_user"),
+        Option("size", int, validate=at_least(1), help="earlier batches of the group the batch is tested against", example=5),
         Option("alpha", float, default=0.05, validate=_unit_interval, help="significance level of the `significant` field"),
     ],
     provides="stream",

@@ -5,19 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, UDFSpec, batch_udf, stream_udf
-from udf_agent.options import Option
-
-
-def _positive(value: int) -> Any:
-    return value > 0 or f"must be > 0, got {value}"
-
-
-def _at_least_one(value: float) -> Any:
-    return value >= 1 or f"must be >= 1, got {value}"
-
-
-def _a_name(value: str) -> Any:
-    return value.strip() != "" or "must be a field name, got an empty string"
+from udf_agent.options import Option, at_least, field_name, positive
 
 
 def _echo(df: Any, ctx: Context) -> Any:
@@ -31,9 +19,9 @@ mirror = UDFSpec(name="mirror", function=_echo, compute=False, passthrough=True,
 
 @stream_udf(
     options=[
-        Option("field", str, validate=_a_name, help="field to average", example="usage_user"),
-        Option("size", int, validate=_positive, help="number of points in the window", example=10),
-        Option("as", str, default="avg", validate=_a_name, help="name of the output field"),
+        Option("field", str, validate=field_name, help="field to average", example="usage_user"),
+        Option("size", int, validate=positive, help="number of points in the window", example=10),
+        Option("as", str, default="avg", validate=field_name, help="name of the output field"),
     ],
     history=lambda options: options["size"] - 1,
     vectorized=True,
@@ -68,8 +56,8 @@ def moving_avg(df: Any, ctx: Context) -> Any:
 
 @batch_udf(
     options=[
-        Option("field", str, validate=_a_name, help="field to test", example="value"),
-        Option("scale", float, default=1.5, validate=_at_least_one, help="Tukey fence multiplier"),
+        Option("field", str, validate=field_name, help="field to test", example="value"),
+        Option("scale", float, default=1.5, validate=at_least(1), help="Tukey fence multiplier"),
     ]
 )
 def outliers(df: Any, ctx: Context) -> Any:

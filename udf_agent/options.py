@@ -123,6 +123,21 @@ class Option:
         return self.default
 
 
+def field_name(value: str) -> Any:
+    """Validator: a field name, not empty."""
+    return value.strip() != "" or "must be a field name, got an empty string"
+
+
+def positive(value: float) -> Any:
+    """Validator: greater than zero."""
+    return value > 0 or f"must be > 0, got {value}"
+
+
+def at_least(low: float) -> Validator:
+    """Validator factory: at least LOW."""
+    return lambda value: value >= low or f"must be >= {low:g}, got {value}"
+
+
 class OptionValues(Mapping[str, Any]):
     """Options as the UDF sees them: ``opts["as"]`` or ``opts.size``.
 

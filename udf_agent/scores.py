@@ -6,22 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, stream_udf
-from udf_agent.options import Option, OptionValues
+from udf_agent.options import Option, OptionValues, field_name, positive
 
 # A window this long already costs size x rows floats per micro-batch.
 MAX_WINDOW = 10_000
 
 
-def _a_name(value: str) -> Any:
-    return value.strip() != "" or "must be a field name, got an empty string"
-
-
 def _window_size(value: int) -> Any:
     return 2 <= value <= MAX_WINDOW or f"must be between 2 and {MAX_WINDOW}, got {value}"
-
-
-def _positive(value: float) -> Any:
-    return value > 0 or f"must be > 0, got {value}"
 
 
 def _numeric(df: Any, field: str) -> Any:
@@ -52,10 +44,10 @@ def _one_of_alpha_or_span(options: OptionValues) -> str | None:
 
 @stream_udf(
     options=[
-        Option("field", str, validate=_a_name, help="field to smooth", example="usage_user"),
+        Option("field", str, validate=field_name, help="field to smooth", example="usage_user"),
         Option("alpha", float, default=0.0, help="smoothing factor in (0, 1]; or give span"),
         Option("span", float, default=0.0, help="span s >= 1, alpha = 2 / (s + 1); or give alpha"),
-        Option("as", str, default="ewma", validate=_a_name, help="name of the output field"),
+        Option("as", str, default="ewma", validate=field_name, help="name of the output field"),
     ],
     check_options=_one_of_alpha_or_span,
 )
@@ -98,11 +90,11 @@ def _windows(values: Any, starts: Any, size: int) -> Any:
 
 def _score_options(name: str, threshold: float) -> list[Option]:
     return [
-        Option("field", str, validate=_a_name, help="field to score", example="usage_user"),
+        Option("field", str, validate=field_name, help="field to score", example="usage_user"),
         Option("size", int, validate=_window_size, help="earlier points of the group each point is scored against", example=30),
-        Option("threshold", float, default=threshold, validate=_positive, help="|score| above this is an anomaly"),
-        Option("as", str, default=name, validate=_a_name, help="name of the score field"),
-        Option("anomaly", str, default="anomaly", validate=_a_name, help="name of the boolean anomaly field"),
+        Option("threshold", float, default=threshold, validate=positive, help="|score| above this is an anomaly"),
+        Option("as", str, default=name, validate=field_name, help="name of the score field"),
+        Option("anomaly", str, default="anomaly", validate=field_name, help="name of the boolean anomaly field"),
     ]
 
 
