@@ -1,5 +1,6 @@
-"""Ready batch UDFs that reshape each batch in time: ``resample`` onto a regular grid and
-``forecast`` its next points. Formulas, options and TICKscript examples: docs/library.md."""
+"""Ready batch UDFs: ``resample`` each batch onto a regular grid, ``forecast`` its next
+points, and ``ttest`` it against the group's previous batches. Formulas, options and
+TICKscript examples: docs/library.md."""
 
 from __future__ import annotations
 
