@@ -306,6 +306,8 @@ def test_sigint_while_spark_starts_ends_the_task_and_its_jvm_within_the_drain_ti
     driver = drivers("run", "moving_avg", "--no-local-while-starting", "--drain-timeout", "1s", cwd=ROOT)
     assert driver.init(option("field", "x"), option("size", 2)).success
     driver.point(time=1, name="m", fieldsDouble={"x": 1.0})  # waits for Spark, which is starting
+    driver.keepalive(1)  # answered in order: once it is, the point has been read and accepted
+    driver.responses.wait_for("keepalive")
     deadline = time.monotonic() + 60
     while not (jvms := java_descendants(driver.process.pid)):
         assert time.monotonic() < deadline, driver.log()
