@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.framing import OutputTally
 from benchmarks.workload import Workload, keepalive_frame
 
-KEEPALIVE_INTERVAL = 0.025
+KEEPALIVE_INTERVAL = 0.010
 MEMORY_INTERVAL = 0.1
 WRITE_BYTES = 64 * 1024
 READ_BYTES = 4 * 1024 * 1024
@@ -47,6 +47,9 @@ class LatencyStats:
     p50_ms: float | None = None
     p99_ms: float | None = None
     max_ms: float | None = None
+    # Every answered request's latency, so repeated runs can pool them: a p99 over one
+    # flat-out run's hundred-odd keepalives is little more than its largest value.
+    samples_ms: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, seconds: list[float], unanswered: int = 0) -> LatencyStats:
@@ -59,7 +62,14 @@ class LatencyStats:
             p50_ms=percentile(ordered, 0.50) * 1000,
             p99_ms=percentile(ordered, 0.99) * 1000,
             max_ms=ordered[-1] * 1000,
+            samples_ms=[round(value * 1000, 3) for value in ordered],
         )
+
+    @classmethod
+    def pooled(cls, runs: list[LatencyStats]) -> LatencyStats:
+        """The figures over every run's samples together."""
+        seconds = [value / 1000 for run in runs for value in run.samples_ms]
+        return cls.of(seconds, unanswered=sum(run.unanswered for run in runs))
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -98,6 +108,7 @@ class RunResult:
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)
     stderr_tail: list[str] = field(default_factory=list)
     repeats_steady_pps: list[float | None] | None = None  # every run's, when the run was repeated
+    keepalive_runs: int = 1  # runs whose keepalives ``keepalive`` pools
 
     @property
     def ok(self) -> bool:

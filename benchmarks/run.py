@@ -11,6 +11,7 @@ benchmarks/results/latest.json). See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -27,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.driver import AgentCommand, RunResult, run_flat_out, run_paced  # noqa: E402
+from benchmarks.driver import AgentCommand, LatencyStats, RunResult, run_flat_out, run_paced  # noqa: E402
 from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 
@@ -251,7 +252,7 @@ class Bench:
     def _keepalive_rows(self, case: str, mine: RunResult, theirs: RunResult | None) -> None:
         k = mine.keepalive
         b = theirs.keepalive if theirs is not None and theirs.ok else None
-        note = f"{k.count} answered, {k.unanswered} unanswered"
+        note = f"{k.count} answered, {k.unanswered} unanswered" + (f", {mine.keepalive_runs} runs pooled" if mine.keepalive_runs > 1 else "")
         self.rows.append(make_row(case, "keepalive p50 (flat out)", k.p50_ms, "ms", b.p50_ms if b else None, note=note))
         self.rows.append(make_row(case, "keepalive p99 (flat out)", k.p99_ms, "ms", b.p99_ms if b else None, value_at_most(20, "ms")))
         row = make_row(case, "keepalive max (flat out)", k.max_ms, "ms", b.max_ms if b else None, value_at_most(100, "ms"))
@@ -468,12 +469,18 @@ class Bench:
 
 def _median_run(results: list[RunResult]) -> RunResult:
     """Of repeated runs, the one with the median steady rate (the lower of the two middle
-    ones for an even count; a failed run ranks lowest); every run's rate is kept in its JSON."""
+    ones for an even count; a failed run ranks lowest); every run's rate is kept in its JSON,
+    and its keepalive figures are those of every run's keepalives pooled."""
     ranked = sorted(results, key=lambda run: (run.ok, run.steady_pps or 0.0))
     median = ranked[(len(ranked) - 1) // 2]
-    if len(results) > 1:
-        median.repeats_steady_pps = [run.steady_pps for run in results]
-    return median
+    if len(results) == 1:
+        return median
+    return dataclasses.replace(
+        median,
+        repeats_steady_pps=[run.steady_pps for run in results],
+        keepalive=LatencyStats.pooled([run.keepalive for run in results]),
+        keepalive_runs=len(results),
+    )
 
 
 def _now() -> str:

@@ -149,3 +149,22 @@ def test_repeated_runs_report_the_median_one_and_keep_every_rate():
     failed = RunResult("a", "w", status="error", steady_pps=900.0)
     assert _median_run([failed, RunResult("a", "w", steady_pps=100.0)]).status == "error"  # the lower middle: the failure
     assert _median_run(runs[:1]).repeats_steady_pps is None
+
+
+def test_repeated_runs_pool_their_keepalives_into_one_set_of_figures():
+    from benchmarks.driver import LatencyStats, RunResult
+    from benchmarks.run import _median_run
+
+    def run(rate: float, latencies_ms: list[float], unanswered: int = 0) -> RunResult:
+        result = RunResult("a", "w", steady_pps=rate)
+        result.keepalive = LatencyStats.of([value / 1000 for value in latencies_ms], unanswered)
+        return result
+
+    # The median-rate run saw no slow answer; the pooled figures still carry the others'.
+    runs = [run(300.0, [1.0] * 60 + [50.0]), run(200.0, [2.0] * 100), run(100.0, [3.0] * 39, unanswered=1)]
+    median = _median_run(runs)
+    assert median.steady_pps == 200.0 and median.keepalive_runs == 3
+    k = median.keepalive
+    assert (k.count, k.unanswered, k.max_ms) == (200, 1, 50.0)
+    assert k.p50_ms == 2.0 and k.p99_ms == 3.0  # nearest rank 198 of 200
+    assert _median_run(runs[1:2]).keepalive.max_ms == 2.0 and _median_run(runs[1:2]).keepalive_runs == 1
