@@ -634,7 +634,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
     parser.add_argument("--latency-seconds", type=float, help="measured seconds of the latency case (default 10)")
     parser.add_argument("--memory-points", type=_int_list, help="sizes of the memory case, e.g. 1000000,10000000 (default: --points)")
     parser.add_argument("--state-groups", type=int, help="groups of the group_state case, 3 points each (default 500,000)")
-    parser.add_argument("--repeat", type=int, help="flat-out runs of each agent and workload; the median run is reported (default 1)")
+    parser.add_argument("--repeat", type=int, help="flat-out runs of each agent and workload; the median run is reported, with every run's keepalives pooled (default 1)")
     parser.add_argument("--time-limit-scale", type=float, help="multiplies every per-run time limit")
     parser.add_argument(
         "--agent-arg",
