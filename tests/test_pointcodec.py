@@ -78,6 +78,23 @@ def test_decode_of_no_points_and_of_empty_points():
     assert_same_table(pointcodec.decode_points(data), decode_points(data))
 
 
+@pytest.mark.parametrize("fields", [3, pointcodec._FEW_COLUMNS - 1, pointcodec._FEW_COLUMNS, 500])
+def test_decode_of_sparse_keys_gives_the_reference_table(fields):
+    # Up to _FEW_COLUMNS distinct keys (one tag and the fields) are found by a linear
+    # search, more by sorting their hashes.
+    rng = random.Random(fields)
+    points = []
+    for i in range(5_000):
+        point = udf_pb2.Point(time=i, name="m", tags={"host": rng.choice(["a", "b"])})
+        for _ in range(rng.randrange(4)):
+            point.fieldsDouble[f"f{rng.randrange(fields)}"] = rng.random()
+        points.append(point)
+    data = encoded(points)
+    fast = pointcodec.decode_points(data)
+    assert_same_table(fast, decode_points(data))
+    assert sum(name.startswith("fd:") for name in fast.column_names) == fields
+
+
 def test_duplicate_map_keys_keep_the_last_value_as_protobuf_does():
     entry = lambda value: b"\x42\x0c\x0a\x01x\x11" + np.float64(value).tobytes()  # fieldsDouble {x: value}
     point = udf_pb2.Point(time=1, name="m").SerializeToString() + entry(1.0) + entry(2.0)

@@ -156,6 +156,90 @@ def _decode(
     return -1
 
 
+# Distinct map keys a micro-batch's points usually carry (tags and fields): found by
+# a linear search that starts where the previous point's key was, as points of one
+# measurement list their keys in the same order. Past this many, np.unique sorts them.
+_FEW_COLUMNS = 64
+
+
+@njit(cache=True, nogil=True)
+def _assign_columns(entry_hash: Any, limit: int) -> tuple[int, Any, Any]:
+    """Each entry's column (the index of its key hash in order of first appearance), and
+    each column's first entry; the count is -1 when there are more than ``limit`` keys."""
+    column_of_entry = np.empty(entry_hash.shape[0], np.int64)
+    distinct = np.empty(limit, np.uint64)
+    first = np.empty(limit, np.int64)
+    found = 0
+    guess = 0
+    for entry in range(entry_hash.shape[0]):
+        digest = entry_hash[entry]
+        column = -1
+        for step in range(found):
+            candidate = guess + step
+            if candidate >= found:
+                candidate -= found
+            if distinct[candidate] == digest:
+                column = candidate
+                break
+        if column < 0:
+            if found == limit:
+                return -1, column_of_entry, first
+            distinct[found] = digest
+            first[found] = entry
+            column = found
+            found += 1
+        column_of_entry[entry] = column
+        guess = column + 1
+        if guess >= found:
+            guess = 0
+    return found, column_of_entry, first[:found].copy()
+
+
+@njit(cache=True, nogil=True)
+def _entries_by_column(column_of_entry: Any, columns: int) -> tuple[Any, Any]:
+    """Entries grouped by column, in entry order within each (a counting sort), and
+    where each column's entries begin (``columns + 1`` bounds)."""
+    bounds = np.zeros(columns + 1, np.int64)
+    for column in column_of_entry:
+        bounds[column + 1] += 1
+    for column in range(columns):
+        bounds[column + 1] += bounds[column]
+    cursor = bounds[:-1].copy()
+    order = np.empty(column_of_entry.shape[0], np.int64)
+    for entry in range(column_of_entry.shape[0]):
+        column = column_of_entry[entry]
+        order[cursor[column]] = entry
+        cursor[column] += 1
+    return order, bounds
+
+
+@njit(cache=True, nogil=True)
+def _scatter_spans(entry_point: Any, entry_value: Any, entries: Any, count: int) -> tuple[Any, Any, bool]:
+    """One string column: each point's value span ((0, 0) where absent), which points
+    have one, and whether all do."""
+    spans = np.zeros((count, 2), np.int64)
+    valid = np.zeros(count, np.bool_)
+    for entry in entries:
+        point = entry_point[entry]
+        spans[point, 0] = entry_value[entry, 0]
+        spans[point, 1] = entry_value[entry, 1]
+        valid[point] = True
+    return spans, valid, valid.all()
+
+
+@njit(cache=True, nogil=True)
+def _scatter_numbers(entry_point: Any, entry_number: Any, entries: Any, count: int) -> tuple[Any, Any, bool]:
+    """One numeric column: each point's 64 bits (0 where absent), which points have one,
+    and whether all do."""
+    numbers = np.zeros(count, np.int64)
+    valid = np.zeros(count, np.bool_)
+    for entry in entries:
+        point = entry_point[entry]
+        numbers[point] = entry_number[entry]
+        valid[point] = True
+    return numbers, valid, valid.all()
+
+
 @njit(cache=True, nogil=True)
 def _same_keys(buf: Any, entry_key: Any, representative: Any) -> bool:
     """Whether every entry's key bytes equal those of its column's representative entry."""
@@ -399,7 +483,9 @@ class _Columns:
         )
         if bad >= 0:
             raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
-        _, first, self.column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
+        found, self.column_of_entry, first = _assign_columns(entry_hash, _FEW_COLUMNS)
+        if found < 0:  # many distinct keys: sort them instead
+            _, first, self.column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
         self.first_entry = first
         self.representative = first[self.column_of_entry]
 
@@ -416,8 +502,7 @@ class _Columns:
             cols.BY_NAME: pa.array(self.by_name, pa.bool_()),
         }
         sparse = {}
-        order = np.argsort(self.column_of_entry, kind="stable")
-        bounds = np.searchsorted(self.column_of_entry[order], np.arange(len(self.first_entry) + 1))
+        order, bounds = _entries_by_column(self.column_of_entry, len(self.first_entry))
         for column, first in enumerate(self.first_entry.tolist()):
             entries = order[bounds[column] : bounds[column + 1]]
             field = int(self.entry_field[first])
@@ -432,16 +517,11 @@ class _Columns:
         return pa.table(arrays)
 
     def _column(self, field: int, entries: np.ndarray) -> pa.Array:
-        points = self.entry_point[entries]
-        valid = np.zeros(self.count, np.bool_)
-        valid[points] = True
-        mask = None if valid.all() else ~valid
         if field in (_TAGS, _STRINGS):
-            spans = np.zeros((self.count, 2), np.int64)
-            spans[points] = self.entry_value[entries]
-            return _strings(self.buf, spans, None if mask is None else valid)
-        numbers = np.zeros(self.count, np.int64)
-        numbers[points] = self.entry_number[entries]
+            spans, valid, complete = _scatter_spans(self.entry_point, self.entry_value, entries, self.count)
+            return _strings(self.buf, spans, None if complete else valid)
+        numbers, valid, complete = _scatter_numbers(self.entry_point, self.entry_number, entries, self.count)
+        mask = None if complete else ~valid
         if field == _DOUBLES:
             return pa.array(numbers.view(np.float64), pa.float64(), mask=mask)
         if field == _INTS:

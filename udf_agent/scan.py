@@ -165,6 +165,9 @@ def _scan(
     return count, pos, OK
 
 
+_SHORT_SPAN = 32
+
+
 @njit(cache=True, nogil=True)
 def _gather(buf: Any, spans: Any) -> tuple[Any, Any]:
     """The bytes of each span, concatenated, and Arrow's int32 offsets for them."""
@@ -175,7 +178,14 @@ def _gather(buf: Any, spans: Any) -> tuple[Any, Any]:
         offsets[i + 1] = offsets[i] + (spans[i, 1] - spans[i, 0])
     data = np.empty(offsets[count], np.uint8)
     for i in range(count):
-        data[offsets[i] : offsets[i + 1]] = buf[spans[i, 0] : spans[i, 1]]
+        start, end, out = spans[i, 0], spans[i, 1], offsets[i]
+        if end - start <= _SHORT_SPAN:
+            # Tag values and names are a few bytes: a byte loop beats making two array views.
+            for b in range(start, end):
+                data[out] = buf[b]
+                out += 1
+        else:
+            data[out : offsets[i + 1]] = buf[start:end]
     return data, offsets
 
 
