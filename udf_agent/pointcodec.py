@@ -214,7 +214,7 @@ def _entries_by_column(column_of_entry: Any, columns: int) -> tuple[Any, Any]:
 
 
 @njit(cache=True, nogil=True)
-def _scatter_spans(entry_point: Any, entry_value: Any, entries: Any, count: int) -> tuple[Any, Any, bool]:
+def _scatter_spans(entry_point: Any, entry_value: Any, entries: Any, count: int) -> tuple[Any, Any, Any]:
     """One string column: each point's value span ((0, 0) where absent), which points
     have one, and whether all do."""
     spans = np.zeros((count, 2), np.int64)
@@ -228,7 +228,7 @@ def _scatter_spans(entry_point: Any, entry_value: Any, entries: Any, count: int)
 
 
 @njit(cache=True, nogil=True)
-def _scatter_numbers(entry_point: Any, entry_number: Any, entries: Any, count: int) -> tuple[Any, Any, bool]:
+def _scatter_numbers(entry_point: Any, entry_number: Any, entries: Any, count: int) -> tuple[Any, Any, Any]:
     """One numeric column: each point's 64 bits (0 where absent), which points have one,
     and whether all do."""
     numbers = np.zeros(count, np.int64)
