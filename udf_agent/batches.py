@@ -124,7 +124,8 @@ def ttest(df: Any, ctx: Context) -> Any:
     pooled: one point at the batch's tmax with `t`, `pvalue` and `significant`."""
     import numpy as np
     import pandas as pd
-    from scipy import stats
+
+    from udf_agent.distributions import t_two_sided_pvalue
 
     options = ctx.options
     values = pd.to_numeric(df[options["field"]], errors="coerce").dropna().to_numpy(dtype="float64") if options["field"] in df else np.array([])
@@ -145,5 +146,5 @@ def ttest(df: Any, ctx: Context) -> Any:
         return None  # constant samples: no test
     t = (mean1 - mean2) / np.sqrt(spread)
     dof = spread**2 / ((var1 / n1) ** 2 / (n1 - 1) + (var2 / n2) ** 2 / (n2 - 1))
-    pvalue = float(2 * stats.t.sf(abs(t), dof))
+    pvalue = t_two_sided_pvalue(float(t), float(dof))
     return pd.DataFrame({"time": [ctx.tmax], "t": [float(t)], "pvalue": [pvalue], "significant": [pvalue < options["alpha"]]})
