@@ -19,6 +19,8 @@ from udf_agent.options import Option
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
 _UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Where socket UDFs listen by default: what `info --kapacitor-conf` prints and `doctor` checks.
+SOCKET_DIR = "/var/run/udf-agent"
 
 
 class DurationType(click.ParamType[float]):
@@ -423,7 +425,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master to start, as for run.")
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to reach instead.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
-@click.option("--socket-dir", default="/var/run/udf-agent", show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket).")
+@click.option("--socket-dir", default=SOCKET_DIR, show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket).")
 def doctor(master: str, remote: str | None, confs: Any, socket_dir: str) -> None:
     """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
     the socket directory. One line each, OK or what to do; exit 1 if any fails."""
@@ -482,7 +484,7 @@ def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
     if target not in builtin_specs():
         lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{_import_root(target)}"']
         environment = f"PYTHONPATH={_import_root(target)} "
-    socket_path = f"/var/run/udf-agent/{name}.sock"
+    socket_path = os.path.join(SOCKET_DIR, f"{name}.sock")
     serve = " ".join([prog, *args[:-2], "serve", "--socket", socket_path, target])
     lines += [
         "",

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_SOCKET_DIR = "/var/run/udf-agent"
-
 
 @dataclass(frozen=True)
 class Check:
