@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, batch_udf
+from udf_agent.frames import numeric_field
 from udf_agent.options import Duration, Option, at_least, field_name
 
 AGGREGATIONS = ("mean", "sum", "min", "max", "first", "last", "count")
@@ -86,7 +87,7 @@ def forecast(df: Any, ctx: Context) -> Any:
     field = options["field"]
     if field not in df:
         return None
-    known = df.assign(value=pd.to_numeric(df[field], errors="coerce")).dropna(subset=["value"])
+    known = df.assign(value=numeric_field(df, field)).dropna(subset=["value"])
     if len(known) < 2:
         return None  # a trend needs two points
     stamps = known["time"].astype("int64").to_numpy()
@@ -128,7 +129,8 @@ def ttest(df: Any, ctx: Context) -> Any:
     from udf_agent.distributions import t_two_sided_pvalue
 
     options = ctx.options
-    values = pd.to_numeric(df[options["field"]], errors="coerce").dropna().to_numpy(dtype="float64") if options["field"] in df else np.array([])
+    values = numeric_field(df, options["field"])
+    values = values[~np.isnan(values)]
     earlier: list[list[float]] = ctx.state.get("batches", [])
     current = [float(len(values)), float(values.mean()), float(((values - values.mean()) ** 2).sum())] if len(values) else None
     if current is not None:

@@ -34,16 +34,14 @@ def moving_avg(df: Any, ctx: Context) -> Any:
     import numpy as np
     import pandas as pd
 
+    from udf_agent.frames import numeric_field, places_in_groups
+
     options = ctx.options
-    field, size = options["field"], options["size"]
-    starts = ctx.group_starts
-    if field in df:
-        values = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
-    else:
-        values = np.full(len(df), np.nan)
+    size = options["size"]
+    values = numeric_field(df, options["field"])
     # Every group at once: each row's place in its group bounds its window.
     rows = np.arange(len(values))
-    place = rows - np.repeat(starts[:-1], np.diff(starts))
+    place = places_in_groups(ctx.group_starts)
     # Each window is summed on its own, oldest value first, never as a running sum:
     # a point's result cannot depend on what came before its window, so it is the
     # same whatever the micro-batch boundaries.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, stream_udf
+from udf_agent.frames import numeric_field, places_in_groups
 from udf_agent.options import Option, OptionValues, field_name, positive
 
 # A window this long already costs size x rows floats per micro-batch.
@@ -14,16 +15,6 @@ MAX_WINDOW = 10_000
 
 def _window_size(value: int) -> Any:
     return 2 <= value <= MAX_WINDOW or f"must be between 2 and {MAX_WINDOW}, got {value}"
-
-
-def _numeric(df: Any, field: str) -> Any:
-    """FIELD as float64, NaN where a point lacks it or holds something else than a number."""
-    import numpy as np
-    import pandas as pd
-
-    if field not in df:
-        return np.full(len(df), np.nan)
-    return pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
 
 
 def _ewma_alpha(options: OptionValues) -> float:
@@ -63,7 +54,7 @@ def ewma(df: Any, ctx: Context) -> Any:
     alpha = _ewma_alpha(ctx.options)
     smoothed = ctx.state.get("ewma")
     out = []
-    for value in _numeric(df, ctx.options["field"]).tolist():
+    for value in numeric_field(df, ctx.options["field"]).tolist():
         if math.isnan(value):
             out.append(math.nan)
             continue
@@ -80,7 +71,7 @@ def _windows(values: Any, starts: Any, size: int) -> Any:
     import numpy as np
 
     rows = np.arange(len(values))
-    place = rows - np.repeat(starts[:-1], np.diff(starts))
+    place = places_in_groups(starts)
     windows = np.full((len(values), size), np.nan)
     for lag in range(size):
         inside = place >= lag
@@ -110,7 +101,7 @@ def _scored(df: Any, ctx: Context, scores: Any) -> Any:
 
 def _past_and_present(df: Any, ctx: Context) -> tuple[Any, Any]:
     """Each row's earlier ``size`` values of its group (rows, size), and its own value."""
-    windows = _windows(_numeric(df, ctx.options["field"]), ctx.group_starts, ctx.options["size"] + 1)
+    windows = _windows(numeric_field(df, ctx.options["field"]), ctx.group_starts, ctx.options["size"] + 1)
     return windows[:, :-1], windows[:, -1]
 
 
