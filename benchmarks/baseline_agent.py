@@ -30,7 +30,7 @@ from typing import BinaryIO
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from udf_agent import udf_pb2  # noqa: E402  (the wire schema only)
-from udf_agent.codec import encode_varint  # noqa: E402
+from udf_agent.wire.frames import encode_varint  # noqa: E402
 
 log = logging.getLogger("baseline_agent")
 

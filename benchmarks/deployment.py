@@ -121,7 +121,7 @@ def server_tree_mb(daemons: Any) -> float:
 
 def batch_frames(batches: int, points: int) -> bytes:
     """``batches`` Kapacitor batches of ``points`` points each, framed once, outside any timing."""
-    from udf_agent.codec import encode_frame
+    from udf_agent.wire.frames import encode_frame
 
     frames = []
     for b in range(batches):

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Imported (numba and all) with this module, never on the clock.
-from udf_agent.codec import encode_varint  # noqa: F401  (re-exported for the benchmark modules)
-from udf_agent.scan import OK, POINT, scan, warm_up
+from udf_agent.wire.frames import encode_varint  # noqa: F401  (re-exported for the benchmark modules)
+from udf_agent.wire.scanner import OK, POINT, scan, warm_up
 
 warm_up()
 

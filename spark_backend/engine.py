@@ -34,7 +34,7 @@ import pyarrow as pa
 from spark_backend.resident import ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
 from udf_agent.api import UDFSpec
-from udf_agent.compute import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
+from udf_agent.compute.run import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +289,8 @@ def _warm_workers(session: SparkSession) -> None:
 
 
 def _import_compute(frames: Any) -> Any:
-    import udf_agent.compute  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
-    from udf_agent import pointcodec
+    import udf_agent.compute.run  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
+    from udf_agent.wire import pointcodec
 
     pointcodec.warm_up()  # numba's compiled decoder, from its cache
     yield from frames

@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow as pa
 
-from udf_agent.compute import Job, compute_tasks
-from udf_agent.table import ipc_to_table, table_to_ipc_buffer
+from udf_agent.compute.run import Job, compute_tasks
+from udf_agent.wire.batches import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession
@@ -109,7 +109,7 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
     """The body of a resident task: computes micro-batches for the agent at ``address``."""
     import pickle
 
-    from udf_agent import pointcodec
+    from udf_agent.wire import pointcodec
 
     slot = next((int(v) for frame in frames for v in frame["id"]), -1)
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch

@@ -14,7 +14,7 @@ import socket
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from udf_agent.engine import EngineStartError
+from udf_agent.runtime.engines import EngineStartError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession

@@ -36,7 +36,7 @@ def spark_jobs_engine(spark_engine):
 
 @pytest.fixture(scope="session")
 def engines(spark_engine):
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
     return Engines(lambda: spark_engine)
 

@@ -1,4 +1,4 @@
-"""Tests for udf_agent.codec: varint-length-prefixed protobuf framing (sans-IO).
+"""Tests for udf_agent.wire.frames: varint-length-prefixed protobuf framing (sans-IO).
 
 In the style of h11's tests: every input is fed whole, one byte at a time and
 split at every position, and all of these must give the same messages.
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.codec import (
+from udf_agent.wire.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameDecoder,
     ProtocolError,
@@ -552,7 +552,7 @@ def test_messages_before_bad_bytes_in_the_same_chunk_are_kept():
 
 
 def test_point_frames_equal_what_protobuf_makes():
-    from udf_agent.guard import encode_points
+    from udf_agent.wire.guard import encode_points
 
     points = [
         udf_pb2.Point(),
@@ -565,7 +565,7 @@ def test_point_frames_equal_what_protobuf_makes():
 
 
 def test_point_group_reads_the_group_without_parsing():
-    from udf_agent.codec import point_group
+    from udf_agent.wire.frames import point_group
 
     rng = random.Random(5)
     for i in range(300):
@@ -584,7 +584,7 @@ def test_point_group_reads_the_group_without_parsing():
 
 
 def test_point_group_rejects_a_truncated_point():
-    from udf_agent.codec import point_group
+    from udf_agent.wire.frames import point_group
 
     data = udf_pb2.Point(name="cpu", group="host=a").SerializeToString()
     with pytest.raises(ProtocolError):
@@ -592,7 +592,7 @@ def test_point_group_rejects_a_truncated_point():
 
 
 def test_request_point_returns_the_point_bytes_of_a_point_only_request():
-    from udf_agent.codec import request_point
+    from udf_agent.wire.frames import request_point
 
     point = udf_pb2.Point(time=3, group="g", fieldsDouble={"v": 1.0})
     body = udf_pb2.Request(point=point).SerializeToString()

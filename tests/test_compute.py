@@ -10,13 +10,13 @@ import pytest
 from udfs import sample
 
 from udf_agent import udf_pb2
-from udf_agent.agent import AgentConfig
-from udf_agent.builtins import moving_avg, outliers
-from udf_agent.codec import FrameDecoder, encode_frame
-from udf_agent.compute import Job, tasks_from_rows
-from udf_agent.engine import Engines, LocalEngine
-from udf_agent.table import KapacitorBatch, StreamMicroBatch
+from udf_agent.compute.run import Job, tasks_from_rows
+from udf_agent.library.builtins import moving_avg, outliers
+from udf_agent.runtime.agent import AgentConfig
+from udf_agent.runtime.engines import Engines, LocalEngine
 from udf_agent.testing import Duration, InProcessAgent, option
+from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch
+from udf_agent.wire.frames import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.spark
 
@@ -251,8 +251,8 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
 
 
 def test_tag_named_like_a_field_is_shown_with_a_prefix():
-    from udf_agent.compute import user_frame
-    from udf_agent.table import decode_points
+    from udf_agent.compute.run import user_frame
+    from udf_agent.wire.batches import decode_points
 
     point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
     frame, layout = user_frame(decode_points(encode_frame(point)))
@@ -348,7 +348,7 @@ def test_past_the_budget_the_reader_stops_reading_and_sends_heartbeats(engines):
 
 
 def test_over_the_budget_a_keepalive_behind_the_held_input_is_answered_within_milliseconds():
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
     config = AgentConfig(flush_interval=0.01, max_batch_points=100, max_pending_points=100)
     harness = InProcessAgent(sample.slow_local, Engines(LocalEngine), config)
@@ -414,7 +414,7 @@ def test_a_vectorized_udf_that_breaks_its_contract_fails_the_task_clearly(spec, 
 @pytest.mark.parametrize("slice_groups", [10_000, 3_000])
 def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engines, spark_engine, monkeypatch, slice_groups):
     # A micro-batch over more groups than a task slice holds is computed slice by slice.
-    monkeypatch.setattr("udf_agent.agent.TASK_SLICE_GROUPS", slice_groups)
+    monkeypatch.setattr("udf_agent.runtime.agent.TASK_SLICE_GROUPS", slice_groups)
     sizes = []
     run = spark_engine.run
 
@@ -478,7 +478,7 @@ def test_moving_avg_turns_non_finite_and_missing_values_into_nan_and_never_fails
 
 
 def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
     def feed(driver):
         for t, group, value in ((1, "a", 10.0), (2, "b", 20.0), (3, "c", 30.0), (4, "a", 40.0), (5, "c", 60.0)):
@@ -499,9 +499,9 @@ def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
 @pytest.mark.parametrize("slice_groups", [10_000, 1], ids=["one-slice", "a-slice-per-group"])
 @pytest.mark.parametrize("policy", ["skip", "dead-letter"])
 def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, slice_groups, tmp_path, caplog, monkeypatch):
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
-    monkeypatch.setattr("udf_agent.agent.TASK_SLICE_GROUPS", slice_groups)
+    monkeypatch.setattr("udf_agent.runtime.agent.TASK_SLICE_GROUPS", slice_groups)
 
     def feed(driver):
         for t in range(6):
@@ -528,7 +528,7 @@ def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, slice
 
 
 def test_on_error_skip_counts_the_points_of_a_failed_kapacitor_batch(caplog):
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
     def feed(driver):
         driver.send(udf_pb2.Request(begin=udf_pb2.BeginBatch(name="m", group="g")))

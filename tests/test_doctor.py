@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from udf_agent.doctor import check_socket_dir
+from udf_agent.tools.doctor import check_socket_dir
 
 
 def doctor(*args, env=None):
@@ -40,7 +40,7 @@ def test_a_missing_socket_directory_says_how_to_create_it(tmp_path):
 
 
 def test_an_unwritable_socket_directory_is_named(tmp_path, monkeypatch):
-    from udf_agent import doctor as doctor_module
+    from udf_agent.tools import doctor as doctor_module
 
     # Root may write anywhere: the permission answer is the kernel's, stood in for here.
     monkeypatch.setattr(doctor_module.os, "access", lambda path, mode: False)

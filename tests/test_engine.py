@@ -1,4 +1,4 @@
-"""Which engine computes a micro-batch (udf_agent.engine.Engines)."""
+"""Which engine computes a micro-batch (udf_agent.runtime.engines.Engines)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from udf_agent.builtins import BUILTINS
 from udf_agent.cli import _engines
-from udf_agent.engine import Engines, LocalEngine
+from udf_agent.library.builtins import BUILTINS
+from udf_agent.runtime.engines import Engines, LocalEngine
 
 
 class StartingEngine:
@@ -115,7 +115,7 @@ def test_a_udf_module_outside_site_packages_travels_inside_the_pickled_job(tmp_p
     from pyspark import cloudpickle
 
     from spark_backend.engine import ship_by_value
-    from udf_agent.compute import Job
+    from udf_agent.compute.run import Job
     from udf_agent.targets import resolve_target
 
     (tmp_path / "travelling_udfs.py").write_text(

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from udf_agent.agent import AgentConfig
+from udf_agent.library.scores import ewma, mad, zscore
 from udf_agent.options import Duration
-from udf_agent.scores import ewma, mad, zscore
+from udf_agent.runtime.agent import AgentConfig
 from udf_agent.testing import InProcessAgent, option, run_udf
 
 HOSTS = ("a", "b", "c")
@@ -129,7 +129,7 @@ def test_ewma_by_span_and_a_point_without_the_field():
     ],
 )
 def test_ewma_refuses_options_that_do_not_name_one_smoothing(options, message):
-    from udf_agent.replay import ReplayError
+    from udf_agent.tools.replay import ReplayError
 
     data = pd.DataFrame({"time": pd.to_datetime([1], unit="s"), "usage": [1.0]})
     with pytest.raises(ReplayError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -137,7 +137,7 @@ def test_ewma_refuses_options_that_do_not_name_one_smoothing(options, message):
 
 
 def test_zscore_window_size_must_hold_two_points():
-    from udf_agent.replay import ReplayError
+    from udf_agent.tools.replay import ReplayError
 
     data = pd.DataFrame({"time": pd.to_datetime([1], unit="s"), "usage": [1.0]})
     with pytest.raises(ReplayError, match="'size': must be between 2 and 10000, got 1"):
@@ -230,7 +230,7 @@ SCIPY_T_TWO_SIDED = {
 
 @pytest.mark.parametrize("dof", sorted(SCIPY_T_TWO_SIDED))
 def test_students_t_p_values_are_scipys(dof):
-    from udf_agent.distributions import t_two_sided_pvalue
+    from udf_agent.library.distributions import t_two_sided_pvalue
 
     got = [t_two_sided_pvalue(t, dof) for t in T_VALUES]
     np.testing.assert_allclose(got, SCIPY_T_TWO_SIDED[dof], rtol=1e-10, atol=0)
@@ -239,7 +239,7 @@ def test_students_t_p_values_are_scipys(dof):
 
 
 def test_students_t_refuses_degrees_of_freedom_that_are_not_positive():
-    from udf_agent.distributions import t_two_sided_pvalue
+    from udf_agent.library.distributions import t_two_sided_pvalue
 
     for dof in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="degrees of freedom"):
@@ -248,7 +248,7 @@ def test_students_t_refuses_degrees_of_freedom_that_are_not_positive():
 
 def welch_reference(sample: np.ndarray, other: np.ndarray) -> tuple[float, float]:
     """Welch's t and two-sided p from the raw samples (no pooled summaries)."""
-    from udf_agent.distributions import t_two_sided_pvalue
+    from udf_agent.library.distributions import t_two_sided_pvalue
 
     v1, v2 = sample.var(ddof=1) / len(sample), other.var(ddof=1) / len(other)
     t = (sample.mean() - other.mean()) / np.sqrt(v1 + v2)
@@ -283,7 +283,7 @@ def test_ttest_on_spark_is_welchs_test_against_the_previous_batches_of_the_group
 
 @pytest.mark.spark
 def test_ttest_state_survives_a_snapshot_restored_in_a_fresh_agent(engines):
-    from udf_agent.batches import ttest
+    from udf_agent.library.batches import ttest
 
     rng = np.random.default_rng(4)
     windows = [[float(v) for v in rng.normal(10 + (w == 5) * 3, 1, size=6)] for w in range(7)]

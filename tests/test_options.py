@@ -110,9 +110,9 @@ def test_the_info_and_init_path_imports_nothing_heavy():
     # Info must come within 1 s of process start: no pandas, numpy, pyarrow or pyspark before it.
     code = (
         "import sys\n"
-        "import udf_agent.agent, udf_agent.cli, udf_agent.transports\n"
+        "import udf_agent.runtime.agent, udf_agent.cli, udf_agent.runtime.transports\n"
         "from udf_agent import udf_pb2\n"
-        "from udf_agent.session import Session\n"
+        "from udf_agent.runtime.session import Session\n"
         "from udf_agent.targets import resolve_target\n"
         "from udf_agent.options import Option, Duration, parse_options\n"
         "session = Session(resolve_target('moving_avg'), max_batch_points=10, flush_interval=1.0)\n"

@@ -1,4 +1,4 @@
-"""The compiled point decoder and encoder (udf_agent.pointcodec) against the reference path.
+"""The compiled point decoder and encoder (udf_agent.wire.pointcodec) against the reference path.
 
 decode: the same Arrow table as ``table.decode_points`` (protobuf, point by point).
 encode: the same points, parsed, as ``compute.output_points`` + ``guard.encode_points``.
@@ -12,13 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from udf_agent import pointcodec, udf_pb2
+from udf_agent import udf_pb2
 from udf_agent.api import Context
-from udf_agent.codec import FrameDecoder, ProtocolError, encode_varint
-from udf_agent.compute import Layout, output_points
-from udf_agent.guard import encode_points
+from udf_agent.compute.run import Layout, output_points
 from udf_agent.options import OptionValues
-from udf_agent.table import GroupRows, decode_points
+from udf_agent.wire import pointcodec
+from udf_agent.wire.batches import GroupRows, decode_points
+from udf_agent.wire.frames import FrameDecoder, ProtocolError, encode_varint
+from udf_agent.wire.guard import encode_points
 
 
 def random_points(seed: int, count: int) -> list[udf_pb2.Point]:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameDecoder, encode_frame
 from udf_agent.testing import KapacitorDriver, option, reference_stream
+from udf_agent.wire.frames import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.integration
 
@@ -376,10 +376,10 @@ def test_the_input_pipe_holds_only_what_the_udf_reads_within_milliseconds(udf, e
     UDF's pipe is kept small, a passthrough one (read several times faster) larger."""
     import fcntl
 
-    from udf_agent.agent import Agent
-    from udf_agent.builtins import BUILTINS
-    from udf_agent.engine import Engines, LocalEngine
-    from udf_agent.transports import FdConnection
+    from udf_agent.library.builtins import BUILTINS
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.engines import Engines, LocalEngine
+    from udf_agent.runtime.transports import FdConnection
 
     agent_reads, kapacitor_writes = os.pipe()
     kapacitor_reads, agent_writes = os.pipe()

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from udf_agent import udf_pb2
-from udf_agent.builtins import moving_avg, outliers
-from udf_agent.codec import FrameDecoder, FrameSplitter, PointRun, ProtocolError, encode_frame, parse_message
-from udf_agent.scan import FastFrameSplitter
-from udf_agent.session import Compute, Emit, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.library.builtins import moving_avg, outliers
+from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.testing import option
+from udf_agent.wire.frames import FrameDecoder, FrameSplitter, PointRun, ProtocolError, encode_frame, parse_message
+from udf_agent.wire.scanner import FastFrameSplitter
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

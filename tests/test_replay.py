@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from udf_agent import udf_pb2
-from udf_agent.builtins import moving_avg, outliers
 from udf_agent.cli import main
-from udf_agent.lineproto import LineProtocolError, format_point, read_points
+from udf_agent.library.builtins import moving_avg, outliers
 from udf_agent.options import Duration
-from udf_agent.replay import ReplayError, batch_requests, in_process_engines, replay_points
 from udf_agent.testing import option, run_udf
-from udf_agent.tickscript import TickError, check_call, literal, parse_call
+from udf_agent.tools.lineproto import LineProtocolError, format_point, read_points
+from udf_agent.tools.replay import ReplayError, batch_requests, in_process_engines, replay_points
+from udf_agent.tools.tickscript import TickError, check_call, literal, parse_call
 
 SECOND = 1_000_000_000
 
@@ -73,7 +73,7 @@ def test_an_int_field_formats_with_its_i_suffix_and_nan_fields_are_left_out():
 
 
 def test_gzip_input_comments_blank_lines_and_precision():
-    from udf_agent.lineproto import open_input
+    from udf_agent.tools.lineproto import open_input
 
     data = gzip.compress(b"# recorded\n\ncpu v=1 3\n")
     with open_input("-", io.BytesIO(data)) as stream:
@@ -247,7 +247,7 @@ def test_a_batch_udf_without_batch_every_is_a_usage_error(cpu_file):
 def test_replay_plot_draws_each_group_with_titles_and_legends(cpu_file, tmp_path):
     import matplotlib.image
 
-    from udf_agent.plot import replay_figure
+    from udf_agent.tools.plot import replay_figure
 
     path, text_lines = cpu_file
     png = tmp_path / "cpu.png"

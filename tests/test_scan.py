@@ -1,4 +1,4 @@
-"""The compiled frame scanner (udf_agent.scan) against the reference splitter (udf_agent.codec).
+"""The compiled frame scanner (udf_agent.wire.scanner) against the reference splitter (udf_agent.wire.frames).
 
 Every input is fed whole, one byte at a time and split at many positions; the
 pieces must stand for exactly the frames the reference finds, point runs must be
@@ -13,8 +13,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameSplitter, PointRun, ProtocolError, encode_frame, encode_varint, point_group, request_point
-from udf_agent.scan import FastFrameSplitter
+from udf_agent.wire.frames import FrameSplitter, PointRun, ProtocolError, encode_frame, encode_varint, point_group, request_point
+from udf_agent.wire.scanner import FastFrameSplitter
 
 
 def expand(pieces):
@@ -178,7 +178,7 @@ def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():
 
     import numpy as np
 
-    from udf_agent.scan import first_invalid_group
+    from udf_agent.wire.scanner import first_invalid_group
 
     tricky = [
         b"", b"plain", "é€𝄞".encode(), b"\x80", b"\xc0\xaf", b"\xc1\xbf", b"\xc2", b"\xc2\x41",
@@ -204,7 +204,7 @@ def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():
 def test_output_frames_go_back_in_arrival_order(compiled):
     import numpy as np
 
-    from udf_agent.table import in_arrival_order
+    from udf_agent.wire.batches import in_arrival_order
 
     frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * (t % 7)))) for t in range(50)]
     arrival = np.random.default_rng(3).permutation(50)

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.builtins import mirror, moving_avg, outliers
-from udf_agent.codec import FrameDecoder, PointRun, encode_frame
-from udf_agent.guard import OutputGuard
-from udf_agent.scan import FastFrameSplitter
-from udf_agent.session import Compute, Emit, Fail, Restore, Send, Session, Started
-from udf_agent.table import BatchMicroBatch, StreamMicroBatch, decode_points
+from udf_agent.library.builtins import mirror, moving_avg, outliers
+from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started
 from udf_agent.testing import grouped_point, option
+from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, decode_points
+from udf_agent.wire.frames import FrameDecoder, PointRun, encode_frame
+from udf_agent.wire.guard import OutputGuard
+from udf_agent.wire.scanner import FastFrameSplitter
 
 # ---- a tiny in-memory Kapacitor ----
 
@@ -674,8 +674,8 @@ def test_passthrough_is_refused_where_it_cannot_hold():
 
 
 def test_group_points_groups_in_first_arrival_order_as_the_reference_does():
-    from udf_agent.scan import group_points
-    from udf_agent.table import group_points_by_key
+    from udf_agent.wire.batches import group_points_by_key
+    from udf_agent.wire.scanner import group_points
 
     requests = [point(t, "bca"[t % 3], float(t)) for t in range(60)] + [point(t, f"g{t}", 1.0) for t in range(8)]
     run = _run(*requests)

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from udf_agent import snapshot as snap
 from udf_agent import udf_pb2
-from udf_agent.agent import AgentConfig
-from udf_agent.builtins import mirror, moving_avg
-from udf_agent.codec import encode_varint
-from udf_agent.snapshot import SnapshotError, dump_snapshot, load_snapshot
+from udf_agent.library.builtins import mirror, moving_avg
+from udf_agent.runtime import snapshot as snap
+from udf_agent.runtime.agent import AgentConfig
+from udf_agent.runtime.snapshot import SnapshotError, dump_snapshot, load_snapshot
 from udf_agent.testing import InProcessAgent, grouped_point, option
+from udf_agent.wire.frames import encode_varint
 
 pytestmark = pytest.mark.spark
 
@@ -535,7 +535,7 @@ def test_a_snapshot_claiming_more_than_the_limit_is_refused_before_decompressing
 
 def test_a_hundred_thousand_groups_of_moving_avg_size_10_snapshot_fast_and_small(report):
     # Each group keeps its last 9 points, as a running moving_avg size 10 does.
-    from udf_agent.codec import encode_varint
+    from udf_agent.wire.frames import encode_varint
 
     groups = {}
     for g in range(100_000):

@@ -24,8 +24,8 @@ import pytest
 
 from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameDecoder, encode_frame
 from udf_agent.testing import SocketDriver, grouped_point, option
+from udf_agent.wire.frames import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.integration
 

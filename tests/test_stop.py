@@ -19,10 +19,10 @@ import time
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.agent import Writer
-from udf_agent.codec import FrameDecoder, encode_frame
+from udf_agent.runtime.agent import Writer
+from udf_agent.runtime.transports import SocketConnection
 from udf_agent.testing import grouped_point, option
-from udf_agent.transports import SocketConnection
+from udf_agent.wire.frames import FrameDecoder, encode_frame
 
 pytestmark = pytest.mark.integration
 

@@ -135,7 +135,7 @@ def _load(target: str) -> Any:
 
 
 def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Any:
-    from udf_agent.engine import Engines
+    from udf_agent.runtime.engines import Engines
 
 
     def make_spark() -> Any:
@@ -160,7 +160,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
 def _agent_config(agent_options: dict[str, Any]) -> Any:
     """The AgentConfig from the command-line options named after its fields."""
-    from udf_agent.agent import AgentConfig
+    from udf_agent.runtime.agent import AgentConfig
 
     policy, directory = agent_options.pop("on_error")
     return AgentConfig(**agent_options, on_error=policy, dead_letter_dir=directory)
@@ -232,9 +232,9 @@ def main() -> None:
 @_compute_options
 def run(target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
-    from udf_agent.agent import Agent
-    from udf_agent.logs import configure_logging
-    from udf_agent.transports import claim_stdio
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.transports import claim_stdio
 
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
@@ -258,9 +258,9 @@ def run(target: str, master: str, confs: Any, log_level: str, **options: Any) ->
 @_compute_options
 def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
-    from udf_agent.agent import Agent
-    from udf_agent.logs import configure_logging
-    from udf_agent.transports import SocketServerError, UnixSocketServer
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.transports import SocketServerError, UnixSocketServer
 
     try:
         mode = int(socket_mode, 8)
@@ -298,7 +298,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
 def check(socket_path: str, timeout: float) -> None:
     """Check that a socket UDF answers Info and a keepalive: exit 0 when healthy, else 1 with
     one line saying why (for systemd, a readiness probe, or a person debugging)."""
-    from udf_agent.probe import ProbeError, probe_socket
+    from udf_agent.tools.probe import ProbeError, probe_socket
 
     try:
         health = probe_socket(socket_path, timeout)
@@ -333,11 +333,11 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
       udf-agent replay moving_avg --input cpu.lp.gz -o field=usage_user -o size=10 \\
           --group-by host --plot cpu.png > averaged.lp
     """
-    from udf_agent.lineproto import LineProtocolError, format_point, open_input, read_points
-    from udf_agent.logs import configure_logging
-    from udf_agent.replay import ReplayError, in_process_engines, replay_points
-    from udf_agent.tickscript import TickError, parse_call
-    from udf_agent.transports import claim_stdout
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.transports import claim_stdout
+    from udf_agent.tools.lineproto import LineProtocolError, format_point, open_input, read_points
+    from udf_agent.tools.replay import ReplayError, in_process_engines, replay_points
+    from udf_agent.tools.tickscript import TickError, parse_call
 
     configure_logging(log_level)
     out_fd = claim_stdout() if output_path == "-" else None
@@ -375,7 +375,7 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
         engines.stop()
     click.echo(f"replayed {len(points)} point(s) through {spec.name}: {written} point(s) out", err=True)
     if plot_path is not None:
-        from udf_agent.plot import PlotError, save_replay_plot
+        from udf_agent.tools.plot import PlotError, save_replay_plot
 
         title = f"{spec.name}({', '.join(option_calls)})"
         try:
@@ -429,8 +429,8 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
 def doctor(master: str, remote: str | None, confs: Any, socket_dir: str) -> None:
     """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
     the socket directory. One line each, OK or what to do; exit 1 if any fails."""
-    from udf_agent.doctor import run_checks
-    from udf_agent.logs import configure_logging
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.tools.doctor import run_checks
 
     configure_logging("error")  # the checks' lines say it all
 

@@ -15,7 +15,7 @@ class TargetError(Exception):
 
 
 def builtin_specs() -> dict[str, UDFSpec]:
-    from udf_agent.builtins import BUILTINS
+    from udf_agent.library.builtins import BUILTINS
 
     return BUILTINS
 

@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameDecoder, encode_varint
 from udf_agent.options import Duration, timedelta_ns
+from udf_agent.wire.frames import FrameDecoder, encode_varint
 
 __all__ = ["Duration", "InProcessAgent", "KapacitorDriver", "SocketDriver", "option", "run_udf"]
 
@@ -309,8 +309,8 @@ class InProcessAgent:
     """An ``Agent`` served on one end of a socketpair, in this process; the driver holds the other end."""
 
     def __init__(self, spec: Any, engines: Any, config: Any = None):
-        from udf_agent.agent import Agent
-        from udf_agent.transports import SocketConnection
+        from udf_agent.runtime.agent import Agent
+        from udf_agent.runtime.transports import SocketConnection
 
         ours, theirs = socket.socketpair()
         self.connection = SocketConnection(theirs)
@@ -395,9 +395,9 @@ def run_udf(
     import pandas as pd
 
     from udf_agent.api import as_spec
-    from udf_agent.lineproto import read_points
-    from udf_agent.replay import in_process_engines, replay_points
     from udf_agent.targets import resolve_target
+    from udf_agent.tools.lineproto import read_points
+    from udf_agent.tools.replay import in_process_engines, replay_points
 
     spec = resolve_target(udf) if isinstance(udf, str) else as_spec(udf)
     if isinstance(data, pd.DataFrame):
@@ -429,7 +429,7 @@ def _points_of_frame(data: Any, name: str, tag_columns: set[str]) -> list[Any]:
 
     import pandas as pd
 
-    from udf_agent.lineproto import LinePoint
+    from udf_agent.tools.lineproto import LinePoint
 
     if "time" not in data.columns:
         raise ValueError("the DataFrame needs a 'time' column (datetime64 or integer nanoseconds)")
@@ -472,7 +472,7 @@ def spark_engines() -> Any:
         import atexit
 
         from spark_backend import SparkEngine, SparkSettings
-        from udf_agent.engine import Engines
+        from udf_agent.runtime.engines import Engines
 
         def make_spark() -> Any:
             return SparkEngine(SparkSettings(master="local[2]"))

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from udf_agent import udf_pb2
-from udf_agent.codec import POINT_KEY, encode_frame, encode_varint
+from udf_agent.wire.frames import POINT_KEY, encode_frame, encode_varint
 
 log = logging.getLogger(__name__)
 

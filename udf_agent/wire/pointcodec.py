@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from udf_agent import table as cols
-from udf_agent.codec import ProtocolError
-from udf_agent.scan import _gather, _skip_field, _varint
+from udf_agent.wire import batches as cols
+from udf_agent.wire.frames import ProtocolError
+from udf_agent.wire.scanner import _gather, _skip_field, _varint
 
 # Map fields of a Point and the column prefix of each.
 _TAGS, _DOUBLES, _INTS, _STRINGS, _BOOLS = 7, 8, 9, 10, 12
@@ -532,7 +532,7 @@ class _Columns:
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the decoder, off the path of the first micro-batch."""
     from udf_agent import udf_pb2
-    from udf_agent.codec import encode_varint
+    from udf_agent.wire.frames import encode_varint
 
     point = udf_pb2.Point(time=1, name="m", dimensions=["d"], tags={"d": "x"}, fieldsDouble={"f": 1.0}).SerializeToString()
     table, headers = decode_with_headers(encode_varint(len(point)) + point)

@@ -34,7 +34,7 @@ def moving_avg(df: Any, ctx: Context) -> Any:
     import numpy as np
     import pandas as pd
 
-    from udf_agent.frames import numeric_field, places_in_groups
+    from udf_agent.library.frames import numeric_field, places_in_groups
 
     options = ctx.options
     size = options["size"]
@@ -70,8 +70,8 @@ def outliers(df: Any, ctx: Context) -> Any:
 
 
 def _all() -> dict[str, UDFSpec]:
-    from udf_agent.batches import forecast, resample, ttest
-    from udf_agent.scores import ewma, mad, zscore
+    from udf_agent.library.batches import forecast, resample, ttest
+    from udf_agent.library.scores import ewma, mad, zscore
 
     return {spec.name: spec for spec in (mirror, moving_avg, outliers, ewma, zscore, mad, resample, forecast, ttest)}
 

@@ -20,7 +20,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameSplitter, ProtocolError, encode_varint
+from udf_agent.wire.frames import FrameSplitter, ProtocolError, encode_varint
 
 TIME = "__time"
 NAME = "__name"
@@ -211,7 +211,7 @@ class StreamMicroBatch:
             points = np.concatenate([run[1] + shift for run, shift in zip(self._runs, shifts)])
             groups = np.concatenate([np.where(run[2] >= 0, run[2] + shift, -1) for run, shift in zip(self._runs, shifts)])
         if self._compiled:
-            from udf_agent.scan import group_points
+            from udf_agent.wire.scanner import group_points
         else:  # the compiled code may not have loaded
             group_points = group_points_by_key
         return group_points(frames, points, groups)
@@ -252,7 +252,7 @@ def in_arrival_order(output: bytes, arrival: Any, compiled: bool) -> tuple[bytes
     import numpy as np
 
     if compiled:
-        from udf_agent.scan import _gather, frame_ends
+        from udf_agent.wire.scanner import _gather, frame_ends
 
         ends = frame_ends(output)
     else:
@@ -274,7 +274,7 @@ def prefixed_ends(data: bytes) -> Any:
     ``data`` ends, walked in plain Python; None unless ``data`` is whole items only."""
     import numpy as np
 
-    from udf_agent.codec import read_varint
+    from udf_agent.wire.frames import read_varint
 
     ends, pos = [], 0
     while pos < len(data):

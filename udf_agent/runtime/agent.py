@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.codec import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
-from udf_agent.engine import Engines, EngineStartError
-from udf_agent.guard import error_frame, keepalive_frame
-from udf_agent.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
-from udf_agent.table import StreamMicroBatch, prefixed_ends
+from udf_agent.runtime.engines import Engines, EngineStartError
+from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.wire.batches import StreamMicroBatch, prefixed_ends
+from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
+from udf_agent.wire.guard import error_frame, keepalive_frame
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class Agent:
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
-        # The compiled frame scanner (udf_agent.scan), once loaded off the Info path.
+        # The compiled frame scanner (udf_agent.wire.scanner), once loaded off the Info path.
         self._fast_splitter: Any = None
         self.exit_code = 0
         if spec is not None:
@@ -595,12 +595,12 @@ class Agent:
     def _load_hot_path(self) -> None:
         started = time.monotonic()
         try:
-            from udf_agent.scan import FastFrameSplitter, warm_up
+            from udf_agent.wire.scanner import FastFrameSplitter, warm_up
 
             warm_up()
             self._fast_splitter = FastFrameSplitter
             if self.spec is not None and self.spec.compute and not self.spec.passthrough:
-                from udf_agent import pointcodec
+                from udf_agent.wire import pointcodec
 
                 pointcodec.warm_up()
         except Exception as exc:  # only speed-ups: the reference paths carry on
@@ -670,7 +670,7 @@ class Agent:
     def _compute(self, item: Compute) -> None:
         spec, _ = self._loaded()
         if self._job is None:
-            from udf_agent.compute import Job
+            from udf_agent.compute.run import Job
 
             self._job = Job(spec, self._options.raw(), *self._task)
         batch = item.batch
@@ -705,7 +705,7 @@ class Agent:
         import numpy as np
         import pyarrow as pa
 
-        from udf_agent.compute import TASK_SCHEMA, tasks_from_rows
+        from udf_agent.compute.run import TASK_SCHEMA, tasks_from_rows
 
         spec, _ = self._loaded()
         if grouped is None:
@@ -801,7 +801,7 @@ class Agent:
             return
         ends = np.cumsum([len(output) for output in outputs if output])
         if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
-            from udf_agent.table import in_arrival_order
+            from udf_agent.wire.batches import in_arrival_order
 
             arranged = in_arrival_order(data, grouped.arrival, compiled=self._fast_splitter is not None)
             if arranged is not None:
@@ -818,7 +818,7 @@ class Agent:
         self._skipped += count
         where = ""
         if self.config.on_error == "dead-letter" and self.config.dead_letter_dir is not None:
-            from udf_agent.deadletter import write_dead_letter
+            from udf_agent.runtime.deadletter import write_dead_letter
 
             try:
                 where = f"; written to {write_dead_letter(self.config.dead_letter_dir, udf_name, detail or summary, points)}"
@@ -846,7 +846,7 @@ class Agent:
         return self._options.raw() if self._options is not None else None
 
     def _snapshot(self) -> None:
-        from udf_agent.snapshot import dump_snapshot
+        from udf_agent.runtime.snapshot import dump_snapshot
 
         spec, session = self._loaded()
         data = dump_snapshot(spec.name, self._groups, self._options_fingerprint())
@@ -855,7 +855,7 @@ class Agent:
             self.writer.send(frame)
 
     def _restore(self, data: bytes) -> None:
-        from udf_agent.snapshot import SnapshotError, load_snapshot
+        from udf_agent.runtime.snapshot import SnapshotError, load_snapshot
 
         spec, session = self._loaded()
         try:

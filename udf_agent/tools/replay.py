@@ -19,9 +19,9 @@ from typing import Any
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.codec import FrameDecoder, encode_varint
-from udf_agent.lineproto import LinePoint, fields_of, set_fields
-from udf_agent.tickscript import check_call
+from udf_agent.tools.lineproto import LinePoint, fields_of, set_fields
+from udf_agent.tools.tickscript import check_call
+from udf_agent.wire.frames import FrameDecoder, encode_varint
 
 # What a replay hands the agent: the user waits for every result, however long Spark takes.
 REPLAY_DRAIN_TIMEOUT = 7 * 24 * 3600.0
@@ -86,8 +86,8 @@ class InProcessKapacitor:
     """
 
     def __init__(self, spec: UDFSpec, engines: Any, config: Any):
-        from udf_agent.agent import Agent
-        from udf_agent.transports import SocketConnection
+        from udf_agent.runtime.agent import Agent
+        from udf_agent.runtime.transports import SocketConnection
 
         self._sock, theirs = socket.socketpair()
         self._connection = SocketConnection(theirs)
@@ -198,7 +198,7 @@ class InProcessKapacitor:
 def in_process_engines() -> Any:
     """Engines that compute every micro-batch in this process, without Spark (the code
     Spark's workers run)."""
-    from udf_agent.engine import Engines, LocalEngine
+    from udf_agent.runtime.engines import Engines, LocalEngine
 
     return Engines(LocalEngine, local_max_points=1 << 62)
 
@@ -224,7 +224,7 @@ def replay_points(
     ``options`` are checked against the UDF's InfoResponse as Kapacitor checks a
     TICKscript's call (ReplayError with Kapacitor's message), then sent in an InitRequest.
     """
-    from udf_agent.agent import AgentConfig
+    from udf_agent.runtime.agent import AgentConfig
 
     if spec.wants == "batch" and batch_every_ns is None:
         raise ReplayError(f"{spec.name} wants batches: say how to cut them with --batch-every DURATION (a window's period)")

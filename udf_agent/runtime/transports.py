@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from udf_agent.agent import Agent, Deadline, WriteTimeout
-from udf_agent.guard import error_frame
+from udf_agent.runtime.agent import Agent, Deadline, WriteTimeout
+from udf_agent.wire.guard import error_frame
 
 log = logging.getLogger(__name__)
 

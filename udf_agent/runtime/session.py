@@ -14,10 +14,10 @@ from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.codec import PointRun, ProtocolError, point_frame, point_group
-from udf_agent.guard import OutputGuard, keepalive_frame
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
-from udf_agent.table import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
+from udf_agent.wire.batches import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
+from udf_agent.wire.frames import PointRun, ProtocolError, point_frame, point_group
+from udf_agent.wire.guard import OutputGuard, keepalive_frame
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +246,7 @@ class Session:
             return []
         if self.spec.wants != "stream":
             return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
-        from udf_agent.scan import first_invalid_group
+        from udf_agent.wire.scanner import first_invalid_group
 
         bad = first_invalid_group(run.frames, run.groups)
         accepted = run.count if bad < 0 else bad

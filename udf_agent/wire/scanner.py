@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from udf_agent.codec import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError
-from udf_agent.table import GroupedPoints, group_points_by_key
+from udf_agent.wire.batches import GroupedPoints, group_points_by_key
+from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError
 
 # Frame kinds.
 OTHER = 0  # any other Request: parsed by protobuf

@@ -59,7 +59,7 @@ class PointRun:
 
     A Response frame carrying a point is byte for byte the Request frame that
     carried it, so a run can be written back without decoding a single point.
-    The compiled scanner (``udf_agent.scan``) also gives, as (count, 2) arrays of
+    The compiled scanner (``udf_agent.wire.scanner``) also gives, as (count, 2) arrays of
     offsets into ``frames``, each point with its length varint and its group
     ((-1, -1) when the point has none).
     """

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, batch_udf
-from udf_agent.frames import numeric_field
+from udf_agent.library.frames import numeric_field
 from udf_agent.options import Duration, Option, at_least, field_name
 
 AGGREGATIONS = ("mean", "sum", "min", "max", "first", "last", "count")
@@ -126,7 +126,7 @@ def ttest(df: Any, ctx: Context) -> Any:
     import numpy as np
     import pandas as pd
 
-    from udf_agent.distributions import t_two_sided_pvalue
+    from udf_agent.library.distributions import t_two_sided_pvalue
 
     options = ctx.options
     values = numeric_field(df, options["field"])

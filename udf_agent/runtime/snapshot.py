@@ -25,8 +25,8 @@ import json
 import struct
 from typing import Any
 
-from udf_agent.codec import ProtocolError, encode_varint, read_varint
-from udf_agent.table import ipc_to_table
+from udf_agent.wire.batches import ipc_to_table
+from udf_agent.wire.frames import ProtocolError, encode_varint, read_varint
 
 MAGIC = b"KUDFSNAP"
 VERSION = 3
@@ -196,7 +196,7 @@ def _check_history(group: str, history: bytes | None) -> None:
     """Refused now rather than failing the task at the group's next micro-batch."""
     if history is None:
         return
-    from udf_agent.pointcodec import count_points
+    from udf_agent.wire.pointcodec import count_points
 
     try:
         count_points(history)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.api import Context, stream_udf
-from udf_agent.frames import numeric_field, places_in_groups
+from udf_agent.library.frames import numeric_field, places_in_groups
 from udf_agent.options import Option, OptionValues, field_name, positive
 
 # A window this long already costs size x rows floats per micro-batch.

@@ -20,7 +20,7 @@ from udf_agent.api import UDFSpec
 if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch is computed
     import pyarrow as pa
 
-    from udf_agent.compute import Job
+    from udf_agent.compute.run import Job
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class LocalEngine:
         return True
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
-        from udf_agent.compute import compute_tasks
+        from udf_agent.compute.run import compute_tasks
 
         return compute_tasks(job, tasks)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from udf_agent.lineproto import LinePoint
-from udf_agent.replay import OutputPoint, group_id
+from udf_agent.tools.lineproto import LinePoint
+from udf_agent.tools.replay import OutputPoint, group_id
 
 MAX_PANELS = 12
 MAX_SERIES = 6  # per side and panel: more lines than this are unreadable

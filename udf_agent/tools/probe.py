@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from udf_agent import udf_pb2
-from udf_agent.codec import FrameDecoder, ProtocolError, encode_frame
+from udf_agent.wire.frames import FrameDecoder, ProtocolError, encode_frame
 
 _KIND = {udf_pb2.STREAM: "stream", udf_pb2.BATCH: "batch"}
 
