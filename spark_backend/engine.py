@@ -35,6 +35,7 @@ from spark_backend.resident import ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
 from udf_agent.api import UDFSpec
 from udf_agent.compute.run import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
+from udf_agent.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class SparkEngine:
         if isinstance(self._error, SparkStartError):
             raise self._error
         if self._error is not None:
-            raise SparkStartError(f"Spark did not start ({self.settings.url}): {_first_line(self._error)}") from self._error
+            raise SparkStartError(f"Spark did not start ({self.settings.url}): {first_line(self._error)}") from self._error
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
@@ -169,7 +170,7 @@ class SparkEngine:
             try:
                 self._session.stop()
             except Exception as exc:  # a JVM that died meanwhile: nothing left to stop
-                log.warning("stopping Spark failed: %s", _first_line(exc))
+                log.warning("stopping Spark failed: %s", first_line(exc))
 
     def _start_session(self) -> None:
         started = time.monotonic()
@@ -226,7 +227,7 @@ class SparkEngine:
             try:
                 _warm_workers(session)
             except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself
-                log.warning("warming Spark's Python workers failed: %s", _first_line(exc))
+                log.warning("warming Spark's Python workers failed: %s", first_line(exc))
 
 
 _SHIPPED: set[str] = set()
@@ -294,8 +295,3 @@ def _import_compute(frames: Any) -> Any:
 
     pointcodec.warm_up()  # numba's compiled decoder, from its cache
     yield from frames
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -41,6 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from udf_agent.compute.run import Job, compute_tasks
+from udf_agent.errors import first_line
 from udf_agent.wire.batches import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
@@ -280,7 +281,7 @@ class ResidentWorkers:
         while len(workers) < self.slots:
             thread = self._job_thread
             if thread is not None and not thread.is_alive():
-                raise ResidentStartError(f"Spark's resident job ended before its workers connected: {_first_line(self._job_error)}")
+                raise ResidentStartError(f"Spark's resident job ended before its workers connected: {first_line(self._job_error or 'no error reported')}")
             if time.monotonic() >= deadline:
                 if workers:
                     log.warning("only %d of %d resident workers connected; carrying on with them", len(workers), self.slots)
@@ -351,7 +352,7 @@ class ResidentWorkers:
             try:
                 self._session.cancel(self._job_group)
             except Exception as exc:  # a dead JVM: its job is gone with it
-                log.warning("cancelling Spark's resident job failed: %s", _first_line(exc))
+                log.warning("cancelling Spark's resident job failed: %s", first_line(exc))
             thread.join(after_cancel)
             if thread.is_alive():
                 log.warning("Spark's resident job %s did not end within %g s of its cancellation", self._job_group, after_cancel)
@@ -377,10 +378,3 @@ def _split(tasks: pa.Table, workers: int) -> list[pa.Table]:
     cuts = np.searchsorted(sizes, [total * i // parts for i in range(1, parts)], side="left") + 1
     bounds = [0, *sorted(set(cuts.tolist())), tasks.num_rows]
     return [tasks.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-
-
-def _first_line(exc: BaseException | None) -> str:
-    if exc is None:
-        return "no error reported"
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -14,7 +14,8 @@ import socket
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-from udf_agent.runtime.engines import EngineStartError
+from udf_agent.compute.engine import EngineStartError
+from udf_agent.errors import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession
@@ -188,7 +189,7 @@ class ConnectSession:
                 session.conf.set(key, value)  # runtime settings only: the server owns the rest
             version = session.version
         except Exception as exc:
-            raise SparkStartError(f"cannot use the Spark Connect server {url}: {_first_line(exc)}") from exc
+            raise SparkStartError(f"cannot use the Spark Connect server {url}: {first_line(exc)}") from exc
         log.info("Spark %s ready (Spark Connect server %s)", version, url)
         return cls(url, session)
 
@@ -211,8 +212,3 @@ class ConnectSession:
 
     def stop(self) -> None:
         self.dataframes.stop()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

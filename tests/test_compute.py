@@ -10,10 +10,11 @@ import pytest
 from udfs import sample
 
 from udf_agent import udf_pb2
+from udf_agent.compute.engine import LocalEngine
 from udf_agent.compute.run import Job, tasks_from_rows
 from udf_agent.library.builtins import moving_avg, outliers
 from udf_agent.runtime.agent import AgentConfig
-from udf_agent.runtime.engines import Engines, LocalEngine
+from udf_agent.runtime.engines import Engines
 from udf_agent.testing import Duration, InProcessAgent, option
 from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch
 from udf_agent.wire.frames import FrameDecoder, encode_frame

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from udf_agent.cli import _engines
+from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import BUILTINS
-from udf_agent.runtime.engines import Engines, LocalEngine
+from udf_agent.runtime.engines import Engines
 
 
 class StartingEngine:

@@ -376,9 +376,10 @@ def test_the_input_pipe_holds_only_what_the_udf_reads_within_milliseconds(udf, e
     UDF's pipe is kept small, a passthrough one (read several times faster) larger."""
     import fcntl
 
+    from udf_agent.compute.engine import LocalEngine
     from udf_agent.library.builtins import BUILTINS
     from udf_agent.runtime.agent import Agent
-    from udf_agent.runtime.engines import Engines, LocalEngine
+    from udf_agent.runtime.engines import Engines
     from udf_agent.runtime.transports import FdConnection
 
     agent_reads, kapacitor_writes = os.pipe()

@@ -12,9 +12,9 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import WorkerLost, _split
+from udf_agent.compute.engine import LocalEngine
 from udf_agent.compute.run import Job
 from udf_agent.library.builtins import moving_avg
-from udf_agent.runtime.engines import LocalEngine
 
 pytestmark = pytest.mark.spark
 

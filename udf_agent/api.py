@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from udf_agent.errors import first_line
 from udf_agent.options import Option, OptionValues, timedelta_ns
 
 EDGES = ("stream", "batch")
@@ -138,7 +139,7 @@ def stream_udf(
             compute=compute,
             vectorized=vectorized,
             check_options=check_options,
-            description=_first_line(function.__doc__),
+            description=first_line(function.__doc__),
         )
 
     return wrap
@@ -161,7 +162,7 @@ def batch_udf(
             provides=provides,
             options=tuple(options),
             compute=compute,
-            description=_first_line(function.__doc__),
+            description=first_line(function.__doc__),
         )
 
     return wrap
@@ -192,7 +193,7 @@ class UDF:
             provides=cls.provides,
             options=tuple(cls.options),
             history=cls.history,
-            description=_first_line(cls.__doc__),
+            description=first_line(cls.__doc__),
         )
 
 
@@ -222,7 +223,3 @@ def as_spec(obj: Any, default_name: str = "") -> UDFSpec:
         f"{default_name or obj!r} is not a UDF: decorate a function with @stream_udf/@batch_udf "
         "or subclass udf_agent.UDF"
     )
-
-
-def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().split("\n", 1)[0]

@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.runtime.engines import Engines, EngineStartError
+from udf_agent.compute.engine import EngineStartError
+from udf_agent.errors import first_line
+from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.wire.batches import StreamMicroBatch, prefixed_ends
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
@@ -752,7 +754,7 @@ class Agent:
                 log.exception("compute engine failed")
             data = tasks.column("data").to_pylist()
             points = sum(_points_in(tasks, grouped, data, range(len(data))))
-            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {_first_line(exc)}"
+            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
             if self.config.on_error == "fail":
                 raise UDFError(message) from exc
             self._set_aside(udf_name, message, data, points)
@@ -881,10 +883,6 @@ def _points_in(tasks: Any, grouped: Any, data: list[bytes], rows: Sequence[int])
     ends = [prefixed_ends(data[row]) for row in rows]
     return [0 if row_ends is None else len(row_ends) for row_ends in ends]
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
 
 
 def _error_summary(error: str) -> str:

@@ -198,7 +198,8 @@ class InProcessKapacitor:
 def in_process_engines() -> Any:
     """Engines that compute every micro-batch in this process, without Spark (the code
     Spark's workers run)."""
-    from udf_agent.runtime.engines import Engines, LocalEngine
+    from udf_agent.compute.engine import LocalEngine
+    from udf_agent.runtime.engines import Engines
 
     return Engines(LocalEngine, local_max_points=1 << 62)
 

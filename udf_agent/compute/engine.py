@@ -1,0 +1,57 @@
+"""Where tasks run: the small interface every compute engine implements.
+
+An engine takes the tasks of one micro-batch (an Arrow table of
+``compute.TASK_SCHEMA``) and returns one result row per task, an Arrow table of
+``compute.RESULT_SCHEMA``
+(``compute.RESULT_COLUMNS``), in task order. ``start`` returns at once:
+engines warm up in the background while the agent keeps answering Kapacitor.
+Nothing heavy is imported here, so the Info path stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch is computed
+    import pyarrow as pa
+
+    from udf_agent.compute.run import Job
+
+
+class EngineStartError(RuntimeError):
+    """The engine cannot start (Spark unreachable, no Java): the message says why and what to
+    do, and a traceback would add nothing to it."""
+
+
+class Engine(Protocol):
+    name: str  # where its micro-batches are computed, for the logs
+
+    def start(self) -> None: ...
+
+    def ready(self) -> bool:
+        """Whether ``run`` would start at once (not wait for the engine to start)."""
+
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
+        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+
+    def stop(self) -> None: ...
+
+
+class LocalEngine:
+    """Runs tasks in this process: UDFs that compute nothing, and small micro-batches."""
+
+    name = "in the agent"
+
+    def start(self) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
+        from udf_agent.compute.run import compute_tasks
+
+        return compute_tasks(job, tasks)
+
+    def stop(self) -> None:
+        pass
