@@ -415,7 +415,7 @@ def test_a_vectorized_udf_that_breaks_its_contract_fails_the_task_clearly(spec, 
 @pytest.mark.parametrize("slice_groups", [10_000, 3_000])
 def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engines, spark_engine, monkeypatch, slice_groups):
     # A micro-batch over more groups than a task slice holds is computed slice by slice.
-    monkeypatch.setattr("udf_agent.runtime.agent.TASK_SLICE_GROUPS", slice_groups)
+    monkeypatch.setattr("udf_agent.runtime.tasks.TASK_SLICE_GROUPS", slice_groups)
     sizes = []
     run = spark_engine.run
 
@@ -502,7 +502,7 @@ def test_past_max_groups_the_least_recently_seen_group_starts_afresh(caplog):
 def test_on_error_sets_the_failed_group_aside_and_the_task_goes_on(policy, slice_groups, tmp_path, caplog, monkeypatch):
     from udf_agent.runtime.engines import Engines
 
-    monkeypatch.setattr("udf_agent.runtime.agent.TASK_SLICE_GROUPS", slice_groups)
+    monkeypatch.setattr("udf_agent.runtime.tasks.TASK_SLICE_GROUPS", slice_groups)
 
     def feed(driver):
         for t in range(6):

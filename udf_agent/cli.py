@@ -260,7 +260,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
-    from udf_agent.runtime.transports import SocketServerError, UnixSocketServer
+    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
 
     try:
         mode = int(socket_mode, 8)

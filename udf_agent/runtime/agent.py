@@ -9,23 +9,24 @@ Kapacitor's watchdog never fires. The writer is the only thread that writes.
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
+from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
-from udf_agent.wire.batches import StreamMicroBatch, prefixed_ends
+from udf_agent.runtime.writer import WRITE_CHUNK, Writer
+from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, prefixed_ends
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
 from udf_agent.wire.guard import error_frame, keepalive_frame
 
@@ -38,16 +39,10 @@ TRICKLE_INTERVAL = 0.005
 # The longest an InitResponse waits for the hot path (compiled scanner and point
 # codec) to load; numba's first compile on a new machine can take longer.
 HOT_PATH_WAIT = 3.0
-# The most the writer hands to one write: a keepalive reply queued meanwhile waits
-# for no more than this (and the pipe's own buffer) to drain.
-WRITE_CHUNK = 256 * 1024
 # Input the peer may queue unread: a keepalive request waits behind all of it. A UDF computed
 # elsewhere takes input at ~40 MB/s here (1 MiB: ~25 ms), a passthrough one several times faster.
 UNREAD_INPUT_BYTES = 256 * 1024
 PASSTHROUGH_UNREAD_INPUT_BYTES = 1024 * 1024
-# Output queued for a peer that reads slowly or not at all; past it, whoever sends data
-# waits (compute stops, then the reader: backpressure), so memory stays bounded.
-OUTPUT_QUEUE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -72,171 +67,10 @@ class AgentConfig:
     adaptive_flush: bool = True
 
 
-Deadline = Callable[[], "float | None"]
-
-
-class WriteTimeout(OSError):
-    """Output was not written by the writer's deadline; ``written`` bytes of it were."""
-
-    def __init__(self, written: int):
-        super().__init__(f"output not written by the deadline ({written} byte(s) of it were)")
-        self.written = written
-
-
-class Connection(Protocol):
-    """A byte pipe to Kapacitor: stdin/stdout or one unix socket connection."""
-
-    def read(self, size: int) -> bytes: ...
-
-    def write(self, data: bytes, deadline: Deadline = ...) -> None:
-        """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""
-
-    def close_write(self) -> None: ...
-
-    def abort_read(self) -> None: ...
-
-    def limit_unread_input(self, size: int) -> None:
-        """Lets the peer queue about ``size`` bytes we have not read yet (where the transport can)."""
-
-    def input_closed(self) -> bool:
-        """Whether the peer has closed its side, seen without reading (input may still be buffered)."""
-
-
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
 # anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire
 # while a backlog is computed for a task that is failing.
 ERROR_REPLY_WITHIN = 1.5
-
-
-class Writer:
-    """The single writer: frames in order, keepalive replies ahead of queued data.
-
-    Once ``drain_by`` has set a deadline, output that cannot be written by
-    then is dropped (and counted) and the output is closed: after the end of
-    input nothing may keep the agent alive, not even a peer that stopped reading.
-    """
-
-    def __init__(self, connection: Connection):
-        self._connection = connection
-        self._frames: deque[bytes] = deque()
-        self._queued = 0  # bytes in _frames
-        self._cond = threading.Condition()
-        self._closing = False
-        self._deadline: float | None = None
-        self.broken: BaseException | None = None
-        self.unwritten_frames = 0
-        self.unwritten_bytes = 0
-        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
-        self._thread.start()
-
-    def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
-        """Queues ``frame``; with ``wait``, data waits while the queue is full
-        (``OUTPUT_QUEUE_BYTES``). An urgent frame (a keepalive reply) never waits and goes
-        first; replies sent by a thread that holds the agent's lock pass ``wait=False``."""
-        with self._cond:
-            while wait and not urgent and self._queued >= OUTPUT_QUEUE_BYTES and not self._closing and self._deadline is None:
-                self._cond.wait(0.1)
-            if self._closing:
-                return
-            if urgent:
-                self._frames.appendleft(frame)
-            else:
-                self._frames.append(frame)
-            self._queued += len(frame)
-            self._cond.notify_all()
-
-    def close(self, last_frame: bytes | None = None) -> None:
-        """Writes what is queued (and ``last_frame``), then closes the output."""
-        with self._cond:
-            if self._closing:
-                return
-            if last_frame is not None:
-                self._frames.append(last_frame)
-                self._queued += len(last_frame)
-            self._closing = True
-            self._cond.notify_all()
-
-    def full(self) -> bool:
-        """Whether data sent now would wait (``send``'s ``wait``)."""
-        with self._cond:
-            return self._queued >= OUTPUT_QUEUE_BYTES
-
-    def fail_now(self, last_frame: bytes, deadline: float) -> None:
-        """Drops what is queued (counted as unwritten), then writes ``last_frame`` by
-        ``deadline`` after whatever write is under way, and closes the output."""
-        with self._cond:
-            if self._closing:
-                return
-            self._count_unwritten(list(self._frames), 0)
-            self._frames.clear()
-            self._frames.append(last_frame)
-            self._queued = len(last_frame)
-            self._closing = True
-            self._deadline = deadline
-            self._cond.notify()
-
-    def drain_by(self, deadline: float) -> None:
-        """Output not written by ``deadline`` (monotonic) is dropped; the earliest deadline wins."""
-        with self._cond:
-            if self._deadline is None or deadline < self._deadline:
-                self._deadline = deadline
-            self._cond.notify_all()
-
-    def join(self) -> None:
-        self._thread.join()
-
-    def _current_deadline(self) -> float | None:
-        return self._deadline
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._frames and not self._closing:
-                    self._cond.wait()
-                frames: list[bytes] = []
-                size = 0
-                while self._frames and (not frames or size + len(self._frames[0]) <= WRITE_CHUNK):
-                    frame = self._frames.popleft()
-                    frames.append(frame)
-                    size += len(frame)
-                self._queued -= size
-                self._cond.notify_all()  # room for senders waiting on a full queue
-                done = self._closing and not self._frames
-            try:
-                if frames:
-                    self._connection.write(b"".join(frames), self._current_deadline)
-            except WriteTimeout as exc:
-                self._count_unwritten(frames, exc.written)
-                done = True
-            except OSError as exc:
-                log.error("cannot write to Kapacitor (%s); stopping", exc)
-                self.broken = exc
-                self._connection.abort_read()
-                done = True
-            if done:
-                with self._cond:
-                    self._closing = True
-                    if self._deadline is not None:
-                        self._count_unwritten(list(self._frames), 0)
-                    self._frames.clear()
-                    self._queued = 0
-                    self._cond.notify_all()
-                try:
-                    self._connection.close_write()
-                except OSError:
-                    pass
-                return
-
-    def _count_unwritten(self, frames: list[bytes], written: int) -> None:
-        # Frames wholly written before the deadline count as sent; the rest,
-        # including one cut short, as dropped.
-        for frame in frames:
-            if written >= len(frame):
-                written -= len(frame)
-                continue
-            self.unwritten_frames += 1
-            self.unwritten_bytes += len(frame) - written
-            written = 0
 
 
 class _Finish:
@@ -245,10 +79,6 @@ class _Finish:
     def __init__(self, error: str | None = None, code: int = 1):
         self.error = error
         self.code = code if error is not None else 0
-
-
-# Groups per task table: a micro-batch touching more (group churn) is computed in slices.
-TASK_SLICE_GROUPS = 10_000
 
 
 @dataclass
@@ -285,8 +115,7 @@ class Agent:
         self._options: Any = None
         self._task = ("", "")  # Kapacitor's task and node IDs, from the InitRequest
         self._job: Any = None
-        self._groups: dict[str, tuple[bytes | None, str | None]] = {}
-        self._evicted = 0
+        self.groups = GroupStore(self.config.max_groups)
         self._skipped = 0
         self._stop_reading = threading.Event()
         self._stop_reason: str | None = None
@@ -675,21 +504,28 @@ class Agent:
             from udf_agent.compute.run import Job
 
             self._job = Job(spec, self._options.raw(), *self._task)
+        from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
+
         batch = item.batch
         grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
+        if grouped is not None:
+            task_tables = stream_task_slices(grouped, self.groups, spec.history_window(self._job.option_values()))
+        else:
+            assert isinstance(batch, BatchMicroBatch)
+            task_tables = batch_task_runs(batch, self.groups)
         engine = self.engines.engine_for(spec, batch.count)
         started = time.monotonic()
         self._computing = batch.count
         done = _Computed()
         try:
-            for tasks in self._task_slices(batch, grouped):
+            for tasks in task_tables:
                 if not self._compute_slice(spec.name, engine, tasks, grouped, done) or self._abandoned:
                     break
         finally:
             self._computing = 0
         if self._abandoned:
             return
-        self._evict_groups()
+        self.groups.evict()
         # In arrival order only when every group gave one frame per new point and none failed.
         self._send_output(done.outputs, grouped if done.failure is None and not done.set_aside else None, done.counts)
         if done.failure is not None:
@@ -699,48 +535,6 @@ class Agent:
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
             batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
         )
-
-    def _task_slices(self, batch: Any, grouped: Any) -> Any:
-        """The micro-batch's task tables: a stream one in slices of at most
-        ``TASK_SLICE_GROUPS`` groups, so what a slice ships (every group's kept history) and
-        what the workers decode stays bounded however many groups a micro-batch touches."""
-        import numpy as np
-        import pyarrow as pa
-
-        from udf_agent.compute.run import TASK_SCHEMA, tasks_from_rows
-
-        spec, _ = self._loaded()
-        if grouped is None:
-            # A group's next batch needs the state its previous one left: a micro-batch holding
-            # several batches of a group is computed in runs with one batch per group at most,
-            # each run's state read once the run before it is kept.
-            rows: list[tuple[Any, ...]] = []
-            in_run: set[str] = set()
-            for seq, kbatch in enumerate(batch.batches):
-                if kbatch.group in in_run:
-                    yield tasks_from_rows(rows)
-                    rows, in_run = [], set()
-                in_run.add(kbatch.group)
-                meta = json.dumps({"name": kbatch.name, "tags": kbatch.tags, "tmax": kbatch.tmax, "by_name": kbatch.by_name})
-                _, state = self._groups.get(kbatch.group, (None, None))
-                rows.append((seq, kbatch.group, meta, kbatch.rows.encoded(), None, state))
-            yield tasks_from_rows(rows)
-            return
-        meta = json.dumps({"history": spec.history_window(self._job.option_values())})
-        data = grouped.arrow()
-        for first in range(0, len(grouped), TASK_SLICE_GROUPS):
-            last = min(len(grouped), first + TASK_SLICE_GROUPS)
-            keys = grouped.keys[first:last]
-            kept = [self._groups.get(key, (None, None)) for key in keys]
-            columns = {
-                "seq": np.arange(first, last),
-                "key": keys,
-                "meta": [meta] * len(keys),
-                "data": data.slice(first, last - first),
-                "history": [history for history, _ in kept],
-                "state": [state for _, state in kept],
-            }
-            yield pa.table(columns, schema=TASK_SCHEMA)
 
     def _compute_slice(self, udf_name: str, engine: Any, tasks: Any, grouped: Any, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a
@@ -777,14 +571,9 @@ class Agent:
             done.set_aside = True
             bad = []
         ended = bad[0] if bad else len(keys)
-        groups = self._groups
         for key, history, state, error in zip(keys[:ended], histories, states, errors):
-            if error is not None:
-                continue  # a set-aside group keeps what it had
-            # Popped and inserted again: the dict's order is least recently seen first.
-            groups.pop(key, None)
-            if history is not None or state is not None:
-                groups[key] = (history, state)
+            if error is None:  # a set-aside group keeps what it had
+                self.groups.keep(key, history, state)
         done.outputs += outputs[:ended]
         done.counts += counts[:ended]
         if bad:
@@ -828,47 +617,29 @@ class Agent:
                 where = f"; the dead letter could not be written: {exc}"
         log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self._skipped, summary, where)
 
-    def _evict_groups(self) -> None:
-        """Past ``max_groups`` (group churn), the least recently seen groups' history and
-        state are dropped: such a group starts afresh if it comes back."""
-        excess = len(self._groups) - self.config.max_groups
-        if excess <= 0:
-            return
-        for key in list(itertools.islice(self._groups, excess)):
-            del self._groups[key]
-        self._evicted += excess
-        log.warning(
-            "--max-groups %d reached: dropped the kept history and state of the %d least recently seen group(s) (%d so far)",
-            self.config.max_groups, excess, self._evicted,
-        )
-
     def _options_fingerprint(self) -> dict[str, Any] | None:
         """The options snapshots are checked against; None before a successful Init
         (Kapacitor may send Restore after a refused Init)."""
         return self._options.raw() if self._options is not None else None
 
     def _snapshot(self) -> None:
-        from udf_agent.runtime.snapshot import dump_snapshot
-
         spec, session = self._loaded()
-        data = dump_snapshot(spec.name, self._groups, self._options_fingerprint())
+        data = self.groups.snapshot(spec.name, self._options_fingerprint())
         frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
         if frame is not None:
             self.writer.send(frame)
 
     def _restore(self, data: bytes) -> None:
-        from udf_agent.runtime.snapshot import SnapshotError, load_snapshot
+        from udf_agent.runtime.snapshot import SnapshotError
 
         spec, session = self._loaded()
         try:
-            groups = load_snapshot(spec.name, data, self._options_fingerprint())
+            restored = self.groups.restore(spec.name, data, self._options_fingerprint())
         except SnapshotError as exc:
             log.error("restore refused: %s", exc)
             response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
         else:
-            self._groups = groups
-            log.info("restored state of %d group(s)", len(groups))
-            self._evict_groups()
+            log.info("restored state of %d group(s)", restored)
             response = udf_pb2.RestoreResponse(success=True)
         frame = session.guard.reply(udf_pb2.Response(restore=response))
         if frame is not None:

@@ -1,0 +1,35 @@
+"""What the runtime needs of a byte pipe to Kapacitor, whatever the transport."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+Deadline = Callable[[], "float | None"]
+
+
+class WriteTimeout(OSError):
+    """Output was not written by the writer's deadline; ``written`` bytes of it were."""
+
+    def __init__(self, written: int):
+        super().__init__(f"output not written by the deadline ({written} byte(s) of it were)")
+        self.written = written
+
+
+class Connection(Protocol):
+    """A byte pipe to Kapacitor: stdin/stdout or one unix socket connection."""
+
+    def read(self, size: int) -> bytes: ...
+
+    def write(self, data: bytes, deadline: Deadline = ...) -> None:
+        """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""
+
+    def close_write(self) -> None: ...
+
+    def abort_read(self) -> None: ...
+
+    def limit_unread_input(self, size: int) -> None:
+        """Lets the peer queue about ``size`` bytes we have not read yet (where the transport can)."""
+
+    def input_closed(self) -> bool:
+        """Whether the peer has closed its side, seen without reading (input may still be buffered)."""
