@@ -700,3 +700,116 @@ def test_a_point_run_is_accepted_up_to_a_group_that_is_not_utf8():
     assert kinds(events) == ["Compute", "Fail"]
     assert events[0].batch.count == 3
     assert events[1].message == "frame 14: Point.group is not valid UTF-8"
+
+
+# ---- bytes in, events out (receive_data / next_events / receive_eof) ----
+
+
+def _summary(events: list[Any]) -> list[Any]:
+    """Events as comparable values: frames as bytes, micro-batches as their groups' points."""
+    out: list[Any] = []
+    for e in events:
+        if isinstance(e, Compute):
+            g = e.batch.grouped()
+            out.append(("Compute", g.keys, [g.points(i) for i in range(len(g))]))
+        elif isinstance(e, Started):
+            out.append(("Started", e.reply))
+        else:
+            out.append(e)
+    return out
+
+
+def _feed(s: Session, chunks: Iterable[bytes], *, eof: bool = True, truncated_ok: bool = False) -> list[Any]:
+    events: list[Any] = []
+    for chunk in chunks:
+        s.receive_data(chunk)
+        while s.frames_waiting:
+            events += s.next_events(0.0)
+        if s.input_broken:
+            events += s.next_events(0.0)
+    if eof:
+        events += s.receive_eof(0.0, truncated_ok=truncated_ok)
+    return events
+
+
+def _wire(*requests: udf_pb2.Request) -> bytes:
+    return b"".join(encode_frame(r) for r in requests)
+
+
+_STREAM = _wire(
+    init(*MOVING_AVG_OPTIONS),
+    *(point(t, "abc"[t % 3], float(t)) for t in range(6)),
+    keepalive(7),
+    *(point(t, "abc"[t % 3], float(t)) for t in range(6, 13)),
+)
+
+
+def test_bytes_fed_whole_split_anywhere_or_a_byte_at_a_time_give_the_same_events():
+    whole = _summary(_feed(session(max_batch_points=4), [_STREAM]))
+    assert [e[0] if isinstance(e, tuple) else type(e).__name__ for e in whole] == ["Started", "Compute", "Send", "Compute", "Compute", "Compute"]
+    for cut in range(1, len(_STREAM)):
+        assert _summary(_feed(session(max_batch_points=4), [_STREAM[:cut], _STREAM[cut:]])) == whole, cut
+    assert _summary(_feed(session(max_batch_points=4), [_STREAM[i : i + 1] for i in range(len(_STREAM))])) == whole
+
+
+def test_the_compiled_splitter_takes_over_mid_frame_and_changes_no_event():
+    reference = _summary(_feed(session(max_batch_points=4), [_STREAM]))
+    init_end = len(encode_frame(init(*MOVING_AVG_OPTIONS)))
+    for cut in (init_end, init_end + 1, init_end + 17, len(_STREAM) - 3):
+        s = session(max_batch_points=4)
+        events = _feed(s, [_STREAM[:cut]], eof=False)
+        s.use_compiled_splitter(FastFrameSplitter.continuing)
+        events += _feed(s, [_STREAM[cut:]])
+        assert _summary(events) == reference, cut
+
+
+def test_the_compiled_splitter_keeps_counting_frames_for_error_messages():
+    requests = [point(t, "a", float(t)) for t in range(5)]
+    requests[3].point.group = "cafe!"
+    raw = _wire(init(*MOVING_AVG_OPTIONS), *requests).replace(b"cafe!", b"caf\xff!")
+    s = session()
+    events = _feed(s, [raw[:10]], eof=False)
+    s.use_compiled_splitter(FastFrameSplitter.continuing)
+    events += _feed(s, [raw[10:]], eof=False)
+    assert events[-1] == Fail("frame 5: Point.group is not valid UTF-8")
+
+
+def test_before_the_udf_is_known_keepalives_are_answered_and_everything_else_waits():
+    s = Session(None, max_batch_points=10, flush_interval=1.0)
+    events = _feed(s, [_wire(info(), keepalive(42), init(*MOVING_AVG_OPTIONS), keepalive(43))], eof=False)
+    assert [(type(e), decode(e.frame).keepalive.time, e.urgent) for e in events] == [(Send, 42, True), (Send, 43, True)]
+    with pytest.raises(RuntimeError, match="not known yet"):
+        s.spec  # noqa: B018
+    adopted = s.adopt(moving_avg, 0.0)
+    assert kinds(adopted) == ["Send", "Started"]
+    assert reply_of(adopted[0], "info").options["size"].valueTypes == [udf_pb2.INT]
+
+
+def test_a_framing_error_before_the_udf_is_known_fails_the_session_once_it_is():
+    s = Session(None, max_batch_points=10, flush_interval=1.0)
+    assert _feed(s, [_wire(info()) + b"\x80" * 11], eof=False) == []
+    assert s.input_broken and not s.failed
+    events = s.adopt(moving_avg, 0.0)
+    assert kinds(events) == ["Send", "Fail"] and "malformed varint length" in events[1].message
+
+
+def test_points_read_before_a_framing_error_are_still_computed():
+    s = session()
+    events = _feed(s, [_wire(init(*MOVING_AVG_OPTIONS), point(1), point(2)) + b"\x80" * 11], eof=False)
+    assert kinds(events) == ["Started", "Compute", "Fail"]
+    assert events[1].batch.count == 2 and events[2].message == "frame 4 starts with a malformed varint length"
+    assert s.next_events(0.0) == []  # reported once
+
+
+def test_input_ending_inside_a_frame_fails_unless_the_runtime_cut_it_short():
+    frames = _wire(init(*MOVING_AVG_OPTIONS), point(1))
+    events = _feed(session(), [frames[:-1]])
+    assert kinds(events) == ["Started", "Fail"] and "input ended inside a frame" in events[-1].message
+    assert kinds(_feed(session(), [frames[:-1]], truncated_ok=True)) == ["Started"]
+
+
+def test_frames_are_acted_on_a_slice_at_a_time():
+    s = session()
+    s.receive_data(_wire(*(keepalive(t) for t in range(2500))))
+    assert len(s.next_events(0.0, max_frames=1024)) == 1024 and s.frames_waiting
+    assert len(s.next_events(0.0)) == 1024 and len(s.next_events(0.0)) == 452 and not s.frames_waiting

@@ -27,7 +27,7 @@ from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.runtime.writer import WRITE_CHUNK, Writer
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, prefixed_ends
-from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Piece, PointRun, ProtocolError, parse_message, request_point
+from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from udf_agent.wire.guard import error_frame, keepalive_frame
 
 log = logging.getLogger(__name__)
@@ -104,12 +104,13 @@ class Agent:
         self.connection = connection
         self.engines = engines
         self.spec: UDFSpec | None = None
-        self.session: Session | None = None
-        # Guards the session and the work queue: one order for everything computed.
+        # Until the spec is known, the session answers keepalives and keeps the rest.
+        self.session = Session(
+            None, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval, max_frame_size=self.config.max_frame_size
+        )
+        # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()
         self._work: deque[Any] = deque()
-        # Requests that arrived before the spec was known, replayed once it is.
-        self._early: list[udf_pb2.Request | ProtocolError] = []
         self.writer = Writer(connection)
         self._reader: threading.Thread | None = None
         self._options: Any = None
@@ -126,8 +127,8 @@ class Agent:
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
-        # The compiled frame scanner (udf_agent.wire.scanner), once loaded off the Info path.
-        self._fast_splitter: Any = None
+        # Whether the compiled kernels (udf_agent.wire.scanner) loaded, off the Info path.
+        self._compiled = False
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -144,7 +145,7 @@ class Agent:
         """Serves the connection until Kapacitor closes it; returns the exit code."""
         if spec is not None:
             self._adopt(spec)
-        if self.session is None:
+        if not self.session.adopted:
             raise ValueError("Agent.run needs the UDF spec")
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
@@ -204,16 +205,7 @@ class Agent:
         self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
         with self._cond:
             self.spec = spec
-            self.session = Session(spec, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval)
-            early, self._early = self._early, []
-            now = time.monotonic()
-            for request in early:
-                if isinstance(request, ProtocolError):
-                    events = self.session.fail(str(request))
-                else:
-                    events = self.session.receive(request, now)
-                if not self._dispatch(events):
-                    break
+            self._dispatch(self.session.adopt(spec, time.monotonic()))
             self._cond.notify_all()
 
     def stop_reading(self, reason: str | None = None) -> None:
@@ -245,85 +237,46 @@ class Agent:
                 self._cond.notify_all()
 
     def _read(self) -> None:
-        splitter = FrameSplitter(max_frame_size=self.config.max_frame_size)
+        session = self.session
+        # Only an end of input the peer made can cut a frame short: a read side we shut down
+        # ourselves (a stop), or one that broke, is no truncated input.
+        peer_ended = False
         try:
             while not self._stop_reading.is_set():
                 data = self.connection.read(READ_SIZE)
                 if not data:
                     self._input_ended()
-                    # A read side we shut down ourselves is no truncated input.
-                    if not self._stop_reading.is_set():
-                        splitter.close()
+                    peer_ended = not self._stop_reading.is_set()
                     break
-                if self._fast_splitter is not None and not isinstance(splitter, self._fast_splitter):
-                    splitter = self._fast_splitter.continuing(splitter)
-                frames_before = splitter.frames
-                try:
-                    pieces, error = splitter.feed(data), None
-                except ProtocolError as exc:
-                    pieces, error = exc.decoded, exc
-                if not self._receive(pieces, frames_before):
-                    return
+                # Cut outside the lock: only this thread touches the session's input buffer.
+                session.receive_data(data)
+                while session.frames_waiting:
+                    if not self._act_on_input():
+                        return
                 self._wait_for_room()
-                if error is not None:
-                    raise error
-        except ProtocolError as exc:
-            with self._cond:
-                session = self._session_ready()
-                if not session.failed:
-                    self._dispatch(session.fail(str(exc)))
-            return
+                if session.input_broken:
+                    self._act_on_input()  # the framing error, after the frames before it
+                    return
         except OSError as exc:
             self._input_ended()
             if not self._stop_reading.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
         with self._cond:
-            self._dispatch(self._session_ready().finish())
+            self._session_ready()
+            if not self._dispatch(session.receive_eof(time.monotonic(), truncated_ok=not peer_ended)):
+                return
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
             self._work.append(_Finish(self._stop_reason, code=0))
             self._cond.notify_all()
 
-    def _receive(self, pieces: Sequence[Piece], frames_before: int) -> bool:
-        """Feeds one read's frames to the session under one lock; False once it has failed."""
-        number = frames_before
-        # In slices, so the compute thread is never kept waiting for the lock long.
-        for start in range(0, len(pieces), 1024):
-            with self._cond:
-                now = time.monotonic()
-                for body in pieces[start : start + 1024]:
-                    if isinstance(body, PointRun):
-                        events = self._session_ready().receive_point_run(body, now, number)
-                        number += body.count
-                        if not self._dispatch(events):
-                            return False
-                        continue
-                    number += 1
-                    try:
-                        point = request_point(body)
-                        if point is not None and self.session is not None:
-                            events = self.session.receive_point(point, now, number)
-                        else:
-                            request = parse_message(udf_pb2.Request, body, number)
-                            if self.session is None:
-                                self._receive_early(request)
-                                continue
-                            events = self.session.receive(request, now)
-                    except ProtocolError as exc:
-                        if self.session is None:
-                            self._receive_early(exc)
-                            continue
-                        events = self.session.fail(str(exc))
-                    if not self._dispatch(events):
-                        return False
-                if self._work or (self.session is not None and self.session.pending_points()):
-                    self._cond.notify_all()  # an idle compute thread takes them at once (adaptive flush)
-        return True
-
-    def _receive_early(self, request: udf_pb2.Request | ProtocolError) -> None:
-        if isinstance(request, udf_pb2.Request) and request.WhichOneof("message") == "keepalive":
-            self.writer.send(keepalive_frame(request.keepalive.time), urgent=True)
-        else:
-            self._early.append(request)
+    def _act_on_input(self) -> bool:
+        """Acts on a slice of the frames read, under the lock (briefly: the compute thread
+        must never wait for it long); False once the session has failed."""
+        with self._cond:
+            alive = self._dispatch(self.session.next_events(time.monotonic()))
+            if self._work or self.session.pending_points():
+                self._cond.notify_all()  # an idle compute thread takes them at once (adaptive flush)
+        return alive
 
     @property
     def initialized(self) -> bool:
@@ -332,14 +285,13 @@ class Agent:
 
     def _loaded(self) -> tuple[UDFSpec, Session]:
         """The UDF and its session, known before any work reaches the compute thread."""
-        assert self.spec is not None and self.session is not None
+        assert self.spec is not None
         return self.spec, self.session
 
-    def _session_ready(self) -> Session:
+    def _session_ready(self) -> None:
         """Waits (caller holds ``_cond``) until the spec is known."""
-        while self.session is None:
+        while not self.session.adopted:
             self._cond.wait()
-        return self.session
 
     def _dispatch(self, events: list[Event]) -> bool:
         """Acts on session events (caller holds ``_cond``); False once the session has failed.
@@ -402,7 +354,7 @@ class Agent:
 
     def _points_waiting(self) -> int:
         queued = sum(item.batch.count if isinstance(item, Compute) else item.points for item in self._work if isinstance(item, (Compute, Emit)))
-        return queued + (self.session.pending_points() if self.session is not None else 0)
+        return queued + self.session.pending_points()
 
     def _start(self, event: Started) -> None:
         self._options = event.options
@@ -429,7 +381,8 @@ class Agent:
             from udf_agent.wire.scanner import FastFrameSplitter, warm_up
 
             warm_up()
-            self._fast_splitter = FastFrameSplitter
+            self.session.use_compiled_splitter(FastFrameSplitter.continuing)
+            self._compiled = True
             if self.spec is not None and self.spec.compute and not self.spec.passthrough:
                 from udf_agent.wire import pointcodec
 
@@ -594,7 +547,7 @@ class Agent:
         if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
             from udf_agent.wire.batches import in_arrival_order
 
-            arranged = in_arrival_order(data, grouped.arrival, compiled=self._fast_splitter is not None)
+            arranged = in_arrival_order(data, grouped.arrival, compiled=self._compiled)
             if arranged is not None:
                 data, ends = arranged
         start, piece = 0, WRITE_CHUNK // 2

@@ -1,13 +1,21 @@
 """Kapacitor's UDF protocol state, sans-IO.
 
-``Session.receive(request, now)`` takes one Request and returns events for
-the runtime: frames to send at once, work for the compute side (in order),
-or a protocol failure. Time is passed in, never read, so tests drive it.
+Bytes in, events out, as h11 does it: ``receive_data(bytes)`` cuts what was read into
+frames, and ``next_events(now)`` acts on them and returns events for the runtime: frames
+to send at once, work for the compute side (in order), or a protocol failure.
+``receive_eof`` ends the input. One Request can also be given whole (``receive``).
+Time is passed in, never read, so tests drive it.
+
+A session may start before its UDF is known (the UDF's module can take seconds to
+import): until ``adopt(spec)`` it answers keepalives and keeps everything else, a
+framing error included, for when it is.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -16,7 +24,17 @@ from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
 from udf_agent.wire.batches import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
-from udf_agent.wire.frames import PointRun, ProtocolError, point_frame, point_group
+from udf_agent.wire.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FrameSplitter,
+    Piece,
+    PointRun,
+    ProtocolError,
+    parse_message,
+    point_frame,
+    point_group,
+    request_point,
+)
 from udf_agent.wire.guard import OutputGuard, keepalive_frame
 
 log = logging.getLogger(__name__)
@@ -81,9 +99,25 @@ class Fail:
 Event = Send | Emit | Started | Compute | TakeSnapshot | Restore | Fail
 
 
+# Frames acted on per ``next_events`` call: the runtime holds its lock for one call, and
+# its compute thread must never wait for the lock long.
+FRAMES_PER_CALL = 1024
+
+# A request that arrived before the UDF was known, kept for ``adopt``; a run of points
+# with the number of the frames before it.
+Early = udf_pb2.Request | ProtocolError | tuple[PointRun, int]
+
+
 class Session:
-    def __init__(self, spec: UDFSpec, *, max_batch_points: int, flush_interval: float):
-        self.spec = spec
+    def __init__(
+        self,
+        spec: UDFSpec | None,
+        *,
+        max_batch_points: int,
+        flush_interval: float,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ):
+        self._spec = spec
         self.guard = OutputGuard()
         self.options: OptionValues | None = None
         self.max_batch_points = max_batch_points
@@ -91,8 +125,131 @@ class Session:
         self.failed = False
         self._pending: StreamMicroBatch | BatchMicroBatch | None = None
         self._open_batch: KapacitorBatch | None = None
+        self._splitter = FrameSplitter(max_frame_size)
+        self._compiled_splitter: Callable[[FrameSplitter], FrameSplitter] | None = None
+        self._pieces: deque[Piece] = deque()
+        self._frames_acted_on = 0
+        self._framing_error: ProtocolError | None = None
+        self._framing_error_acted_on = False
+        self._early: list[Early] = []
 
-    # ---- input ----
+    @property
+    def spec(self) -> UDFSpec:
+        """The UDF; known before any request but a keepalive is acted on."""
+        if self._spec is None:
+            raise RuntimeError("the session's UDF is not known yet")
+        return self._spec
+
+    @property
+    def adopted(self) -> bool:
+        return self._spec is not None
+
+    def adopt(self, spec: UDFSpec, now: float) -> list[Event]:
+        """The UDF is known: the requests kept until now are acted on, in order."""
+        self._spec = spec
+        early, self._early = self._early, []
+        events: list[Event] = []
+        for request in early:
+            if isinstance(request, ProtocolError):
+                events += self.fail(str(request))
+            elif isinstance(request, tuple):
+                run, frames_before = request
+                events += self.receive_point_run(run, now, frames_before)
+            else:
+                events += self.receive(request, now)
+            if self.failed:
+                break
+        return events
+
+    # ---- bytes ----
+
+    def use_compiled_splitter(self, continuing: Callable[[FrameSplitter], FrameSplitter]) -> None:
+        """Cuts frames with the compiled scanner from the next ``receive_data`` on (it takes
+        over mid-frame). Safe to call from another thread, which is where it loads."""
+        self._compiled_splitter = continuing
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes as read, cut anywhere. Frames are cut now and acted on by ``next_events``;
+        bytes that break the framing fail the session after the frames before them."""
+        if self._framing_error is not None:
+            return
+        if self._compiled_splitter is not None:
+            self._splitter = self._compiled_splitter(self._splitter)
+            self._compiled_splitter = None
+        try:
+            pieces = self._splitter.feed(data)
+        except ProtocolError as exc:
+            pieces, self._framing_error = exc.decoded, exc
+        self._pieces.extend(pieces)
+
+    @property
+    def frames_waiting(self) -> bool:
+        """Whether frames were cut that ``next_events`` has not acted on."""
+        return bool(self._pieces)
+
+    @property
+    def input_broken(self) -> bool:
+        """Whether the bytes broke the framing: ``next_events`` reports it once the frames
+        before the fault are acted on, and nothing after it is read."""
+        return self._framing_error is not None
+
+    def next_events(self, now: float, max_frames: int = FRAMES_PER_CALL) -> list[Event]:
+        """Acts on up to ``max_frames`` of the frames cut so far; once they are all acted on,
+        a framing error. ``frames_waiting`` tells whether to call again."""
+        events: list[Event] = []
+        for _ in range(min(max_frames, len(self._pieces))):
+            events += self._act_on(self._pieces.popleft(), now)
+            if self.failed:
+                self._pieces.clear()
+                return events
+        error = self._framing_error
+        if not self._pieces and error is not None and not self._framing_error_acted_on and not self.failed:
+            self._framing_error_acted_on = True
+            events += self.fail(str(error)) if self.adopted else self._keep(error)
+        return events
+
+    def receive_eof(self, now: float, *, truncated_ok: bool = False) -> list[Event]:
+        """End of input: everything accepted goes to compute. A frame left unfinished fails
+        the session, unless the runtime cut the input short itself (``truncated_ok``).
+        Called once the UDF is known: what was kept before must be acted on first."""
+        if not self.adopted:
+            raise RuntimeError("end of input before the session's UDF is known")
+        events = self.next_events(now, len(self._pieces))
+        if self.failed:
+            return events
+        try:
+            if not truncated_ok:
+                self._splitter.close()
+        except ProtocolError as exc:
+            return [*events, *self.fail(str(exc))]
+        return [*events, *self.finish()]
+
+    def _act_on(self, piece: Piece, now: float) -> list[Event]:
+        if isinstance(piece, PointRun):
+            first = self._frames_acted_on
+            self._frames_acted_on += piece.count
+            return self.receive_point_run(piece, now, first) if self.adopted else self._keep((piece, first))
+        self._frames_acted_on += 1
+        number = self._frames_acted_on
+        try:
+            point = request_point(piece)
+            if point is not None and self.adopted:
+                return self.receive_point(point, now, number)
+            request = parse_message(udf_pb2.Request, piece, number)
+        except ProtocolError as exc:
+            return self.fail(str(exc)) if self.adopted else self._keep(exc)
+        if self.adopted:
+            return self.receive(request, now)
+        if request.WhichOneof("message") == "keepalive":
+            return [Send(keepalive_frame(request.keepalive.time), urgent=True)]
+        return self._keep(request)
+
+    def _keep(self, request: Early) -> list[Event]:
+        """Before the UDF is known, a request waits for ``adopt``."""
+        self._early.append(request)
+        return []
+
+    # ---- requests ----
 
     def receive(self, request: udf_pb2.Request, now: float) -> list[Event]:
         if self.failed:
