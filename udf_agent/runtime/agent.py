@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
@@ -25,10 +25,14 @@ from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
-from udf_agent.runtime.writer import WRITE_CHUNK, Writer
+from udf_agent.runtime.writer import Writer
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, prefixed_ends
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from udf_agent.wire.guard import error_frame, keepalive_frame
+
+if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
+    from udf_agent.compute.run import Job
+    from udf_agent.options import OptionValues
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,10 @@ class _Computed:
     set_aside: bool = False  # some groups' points were skipped (--on-error)
 
 
+# What the compute thread takes from the work queue, in order.
+Work = Compute | Emit | TakeSnapshot | Restore | _Finish
+
+
 class UDFError(RuntimeError):
     """A UDF call or a compute job failed: the task cannot go on."""
 
@@ -110,12 +118,12 @@ class Agent:
         )
         # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()
-        self._work: deque[Any] = deque()
+        self._work: deque[Work] = deque()
         self.writer = Writer(connection)
         self._reader: threading.Thread | None = None
-        self._options: Any = None
+        self._options: OptionValues | None = None
         self._task = ("", "")  # Kapacitor's task and node IDs, from the InitRequest
-        self._job: Any = None
+        self._job: Job | None = None
         self.groups = GroupStore(self.config.max_groups)
         self._skipped = 0
         self._stop_reading = threading.Event()
@@ -415,7 +423,7 @@ class Agent:
             log.exception("internal error")
             self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
 
-    def _next_work(self) -> Any:
+    def _next_work(self) -> Work:
         with self._cond:
             self._compute_busy = False  # the previous item is done
             while not self._work:
@@ -456,6 +464,7 @@ class Agent:
         if self._job is None:
             from udf_agent.compute.run import Job
 
+            assert self._options is not None  # points are refused before a successful Init
             self._job = Job(spec, self._options.raw(), *self._task)
         from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
 
@@ -480,7 +489,11 @@ class Agent:
             return
         self.groups.evict()
         # In arrival order only when every group gave one frame per new point and none failed.
-        self._send_output(done.outputs, grouped if done.failure is None and not done.set_aside else None, done.counts)
+        from udf_agent.runtime.output import output_pieces
+
+        in_order_of = grouped if done.failure is None and not done.set_aside else None
+        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=self._compiled):
+            self.writer.send(piece)
         if done.failure is not None:
             log.error("%s", done.failure)
             raise UDFError(_error_summary(done.failure))
@@ -533,29 +546,6 @@ class Agent:
             done.failure = errors[bad[0]]
             return False
         return True
-
-    def _send_output(self, outputs: list[bytes | None], grouped: Any, counts: list[int]) -> None:
-        """Output frames to the writer, in input arrival order across groups when every group
-        gave one frame per new point (1:1 UDFs, as a per-point agent would), else group after
-        group. Handed over in pieces of whole frames, so keepalive replies get in between."""
-        import numpy as np
-
-        data = b"".join(output for output in outputs if output)
-        if not data:
-            return
-        ends = np.cumsum([len(output) for output in outputs if output])
-        if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
-            from udf_agent.wire.batches import in_arrival_order
-
-            arranged = in_arrival_order(data, grouped.arrival, compiled=self._compiled)
-            if arranged is not None:
-                data, ends = arranged
-        start, piece = 0, WRITE_CHUNK // 2
-        while start < len(data):
-            index = int(np.searchsorted(ends, start + piece, side="right")) - 1
-            stop = int(ends[index]) if index >= 0 and ends[index] > start else int(ends[np.searchsorted(ends, start, side="right")])
-            self.writer.send(data[start:stop])
-            start = stop
 
     def _set_aside(self, udf_name: str, summary: str, points: list[bytes], count: int, detail: str | None = None) -> None:
         """``--on-error skip`` or ``dead-letter``: failed input is logged and counted (and written out)."""
