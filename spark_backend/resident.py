@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from udf_agent.compute.run import Job, compute_tasks
 from udf_agent.errors import first_line
-from udf_agent.wire.batches import ipc_to_table, table_to_ipc_buffer
+from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession

@@ -253,7 +253,7 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
 
 def test_tag_named_like_a_field_is_shown_with_a_prefix():
     from udf_agent.compute.run import user_frame
-    from udf_agent.wire.batches import decode_points
+    from udf_agent.wire.columns import decode_points
 
     point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
     frame, layout = user_frame(decode_points(encode_frame(point)))

@@ -17,7 +17,8 @@ from udf_agent.api import Context
 from udf_agent.compute.run import Layout, output_points
 from udf_agent.options import OptionValues
 from udf_agent.wire import pointcodec
-from udf_agent.wire.batches import GroupRows, decode_points
+from udf_agent.wire.batches import GroupRows
+from udf_agent.wire.columns import decode_points
 from udf_agent.wire.frames import FrameDecoder, ProtocolError, encode_varint
 from udf_agent.wire.guard import encode_points
 

@@ -15,7 +15,8 @@ from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
 from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started
 from udf_agent.testing import grouped_point, option
-from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, decode_points
+from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
+from udf_agent.wire.columns import decode_points
 from udf_agent.wire.frames import FrameDecoder, PointRun, encode_frame
 from udf_agent.wire.guard import OutputGuard
 from udf_agent.wire.scanner import FastFrameSplitter
@@ -674,7 +675,7 @@ def test_passthrough_is_refused_where_it_cannot_hold():
 
 
 def test_group_points_groups_in_first_arrival_order_as_the_reference_does():
-    from udf_agent.wire.batches import group_points_by_key
+    from udf_agent.wire.grouped import group_points_by_key
     from udf_agent.wire.scanner import group_points
 
     requests = [point(t, "bca"[t % 3], float(t)) for t in range(60)] + [point(t, f"g{t}", 1.0) for t in range(8)]

@@ -23,7 +23,7 @@ import pyarrow as pa
 from udf_agent import udf_pb2
 from udf_agent.api import Context, UDFSpec
 from udf_agent.options import OptionValues, duration_positions
-from udf_agent.wire import batches as cols
+from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
 from udf_agent.wire.frames import ProtocolError
 from udf_agent.wire.guard import encode_batch, encode_points

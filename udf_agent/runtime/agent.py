@@ -26,8 +26,10 @@ from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.runtime.writer import Writer
-from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch, prefixed_ends
+from udf_agent.wire import hotpath
+from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
+from udf_agent.wire.grouped import prefixed_ends
 from udf_agent.wire.guard import error_frame, keepalive_frame
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
@@ -135,8 +137,6 @@ class Agent:
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
-        # Whether the compiled kernels (udf_agent.wire.scanner) loaded, off the Info path.
-        self._compiled = False
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -386,15 +386,10 @@ class Agent:
     def _load_hot_path(self) -> None:
         started = time.monotonic()
         try:
-            from udf_agent.wire.scanner import FastFrameSplitter, warm_up
-
-            warm_up()
-            self.session.use_compiled_splitter(FastFrameSplitter.continuing)
-            self._compiled = True
+            hotpath.load_scanner()
+            self.session.use_compiled_splitter(hotpath.compiled_splitter)
             if self.spec is not None and self.spec.compute and not self.spec.passthrough:
-                from udf_agent.wire import pointcodec
-
-                pointcodec.warm_up()
+                hotpath.load_point_codec()
         except Exception as exc:  # only speed-ups: the reference paths carry on
             log.warning("the compiled hot path is unavailable, running the slower reference code: %s", exc)
             return
@@ -492,7 +487,7 @@ class Agent:
         from udf_agent.runtime.output import output_pieces
 
         in_order_of = grouped if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=self._compiled):
+        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=hotpath.scanner_loaded()):
             self.writer.send(piece)
         if done.failure is not None:
             log.error("%s", done.failure)

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from udf_agent.wire import batches as cols
+from udf_agent.wire import columns as cols
 
 
 def write_dead_letter(directory: str, udf_name: str, error: str, points: list[bytes]) -> str:

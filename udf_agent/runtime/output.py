@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from udf_agent.runtime.writer import WRITE_CHUNK
-from udf_agent.wire.batches import GroupedPoints, in_arrival_order
+from udf_agent.wire.batches import in_arrival_order
+from udf_agent.wire.grouped import GroupedPoints
 
 
 def output_pieces(outputs: list[bytes | None], counts: list[int], grouped: GroupedPoints | None, *, compiled: bool) -> Iterator[bytes]:

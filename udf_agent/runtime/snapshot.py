@@ -25,7 +25,7 @@ import json
 import struct
 from typing import Any
 
-from udf_agent.wire.batches import ipc_to_table
+from udf_agent.wire.columns import ipc_to_table
 from udf_agent.wire.frames import ProtocolError, encode_varint, read_varint
 
 MAGIC = b"KUDFSNAP"

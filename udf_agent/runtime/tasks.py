@@ -10,7 +10,8 @@ import pyarrow as pa
 
 from udf_agent.compute.run import TASK_SCHEMA, tasks_from_rows
 from udf_agent.runtime.groups import GroupStore
-from udf_agent.wire.batches import BatchMicroBatch, GroupedPoints
+from udf_agent.wire.batches import BatchMicroBatch
+from udf_agent.wire.grouped import GroupedPoints
 
 # Groups per task table: a micro-batch touching more (group churn) is computed in slices.
 TASK_SLICE_GROUPS = 10_000

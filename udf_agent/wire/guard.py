@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from udf_agent import udf_pb2
-from udf_agent.wire.frames import POINT_KEY, encode_frame, encode_varint
+from udf_agent.wire.frames import encode_frame, point_frame
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,7 @@ def encode_points(points: Iterable[udf_pb2.Point]) -> bytes:
     The envelope is written around the point's own bytes: wrapping each point
     in a Response message would copy it first, and this is the output hot path.
     """
-    frames = []
-    for point in points:
-        body = point.SerializeToString()
-        envelope = POINT_KEY + encode_varint(len(body))
-        frames.append(encode_varint(len(envelope) + len(body)))
-        frames.append(envelope)
-        frames.append(body)
-    return b"".join(frames)
+    return b"".join(point_frame(point.SerializeToString()) for point in points)
 
 
 def encode_batch(

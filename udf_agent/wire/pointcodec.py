@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from udf_agent.wire import batches as cols
+from udf_agent.wire import columns as cols
 from udf_agent.wire.frames import ProtocolError
-from udf_agent.wire.scanner import _gather, _skip_field, _varint
+from udf_agent.wire.kernels import gather, skip_field, varint
 
 # Map fields of a Point and the column prefix of each.
 _TAGS, _DOUBLES, _INTS, _STRINGS, _BOOLS = 7, 8, 9, 10, 12
@@ -36,15 +36,15 @@ def _count(buf: Any) -> tuple[int, int, int, int]:
     pos = 0
     points = dims = entries = 0
     while pos < size:
-        length, pos = _varint(buf, pos, size)
+        length, pos = varint(buf, pos, size)
         if pos < 0 or length < 0 or length > size - pos:
             return points, dims, entries, points
         end = pos + length
         while pos < end:
-            key, pos = _varint(buf, pos, end)
+            key, pos = varint(buf, pos, end)
             if pos < 0:
                 return points, dims, entries, points
-            pos, value_start, _ = _skip_field(buf, key, pos, end)
+            pos, value_start, _ = skip_field(buf, key, pos, end)
             if pos < 0:
                 return points, dims, entries, points
             field = key >> 3
@@ -75,7 +75,7 @@ def _decode(
     point = dim = entry = 0
     while pos < size:
         span[point, 0] = pos
-        length, pos = _varint(buf, pos, size)
+        length, pos = varint(buf, pos, size)
         end = pos + length
         span[point, 1] = end
         time[point] = 0
@@ -86,7 +86,7 @@ def _decode(
         header[point, 1] = end
         seen_map = False
         while pos < end:
-            key, pos = _varint(buf, pos, end)
+            key, pos = varint(buf, pos, end)
             field = key >> 3
             if field >= 8 and not seen_map:
                 seen_map = True
@@ -94,13 +94,13 @@ def _decode(
             elif field < 8 and seen_map:
                 header[point, 1] = -1
             if field == 1 and key & 7 == 0:
-                time[point], pos = _varint(buf, pos, end)
+                time[point], pos = varint(buf, pos, end)
                 continue
             if field == 11 and key & 7 == 0:
-                value, pos = _varint(buf, pos, end)
+                value, pos = varint(buf, pos, end)
                 by_name[point] = value != 0
                 continue
-            pos, value_start, value_end = _skip_field(buf, key, pos, end)
+            pos, value_start, value_end = skip_field(buf, key, pos, end)
             if value_start < 0:
                 continue
             if 2 <= field <= 4:
@@ -119,12 +119,12 @@ def _decode(
                 entry_number[entry] = 0
                 cursor = value_start
                 while cursor < value_end:
-                    inner, cursor = _varint(buf, cursor, value_end)
+                    inner, cursor = varint(buf, cursor, value_end)
                     if cursor < 0:
                         return point
                     inner_field, wire_type = inner >> 3, inner & 7
                     if wire_type == 0 and inner_field == 2:
-                        entry_number[entry], cursor = _varint(buf, cursor, value_end)
+                        entry_number[entry], cursor = varint(buf, cursor, value_end)
                         if cursor < 0:
                             return point
                         continue
@@ -137,7 +137,7 @@ def _decode(
                         entry_number[entry] = bits
                         cursor += 8
                         continue
-                    cursor, span_start, span_end = _skip_field(buf, inner, cursor, value_end)
+                    cursor, span_start, span_end = skip_field(buf, inner, cursor, value_end)
                     if cursor < 0:
                         return point
                     if span_start >= 0 and inner_field == 1:
@@ -256,7 +256,7 @@ def _same_keys(buf: Any, entry_key: Any, representative: Any) -> bool:
 
 
 def _strings(buf: np.ndarray, spans: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    data, offsets = _gather(buf, spans)
+    data, offsets = gather(buf, spans)
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     null_count = -1 if valid is None else int(len(valid) - valid.sum())
     array = pa.StringArray.from_buffers(len(spans), pa.py_buffer(offsets), pa.py_buffer(data), bitmap, null_count)
@@ -291,14 +291,14 @@ class Headers:
             present = first < stop
             spans[present, 0] = self.points[first[present], 0]
             spans[present, 1] = self.points[stop[present] - 1, 1]
-        return _gather(self.buf, spans)
+        return gather(self.buf, spans)
 
     def points_bytes(self, rows: np.ndarray) -> bytes:
         """The length-prefixed bytes of the points at ``rows``, in that order."""
         spans = self.points[rows]
         if len(rows) and (np.diff(rows) == 1).all():
             return self.buf[spans[0, 0] : spans[-1, 1]].tobytes()
-        data, _ = _gather(self.buf, spans)
+        data, _ = gather(self.buf, spans)
         return data.tobytes()
 
 

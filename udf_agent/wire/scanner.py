@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from udf_agent.wire.batches import GroupedPoints, group_points_by_key
 from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError
+from udf_agent.wire.grouped import GroupedPoints, group_points_by_key
+from udf_agent.wire.kernels import gather, skip_field, varint
 
 # Frame kinds.
 OTHER = 0  # any other Request: parsed by protobuf
@@ -35,50 +36,13 @@ _GROUP_FIELD = 5  # map fields (tags 7, fieldsDouble/Int/String 8-10, fieldsBool
 
 
 @njit(cache=True, nogil=True)
-def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it; position -1 if it runs past ``end``."""
-    value = 0
-    shift = 0
-    while pos < end and shift < 64:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    return 0, -1
-
-
-@njit(cache=True, nogil=True)
-def _skip_field(buf: Any, key: int, pos: int, end: int) -> tuple[int, int, int]:
-    """Skips one field's value: (position after it, value start, value end); position -1 if malformed.
-
-    The value span is that of a length-delimited field, else (-1, -1).
-    """
-    wire_type = key & 7
-    if wire_type == 0:
-        _, pos = _varint(buf, pos, end)
-        return pos, -1, -1
-    if wire_type == 2:
-        length, pos = _varint(buf, pos, end)
-        if pos < 0 or length < 0 or length > end - pos:
-            return -1, -1, -1
-        return pos + length, pos, pos + length
-    if wire_type == 1:
-        return (pos + 8 if pos + 8 <= end else -1), -1, -1
-    if wire_type == 5:
-        return (pos + 4 if pos + 4 <= end else -1), -1, -1
-    return -1, -1, -1
-
-
-@njit(cache=True, nogil=True)
 def _entry_ok(buf: Any, pos: int, end: int) -> bool:
     """Whether a map entry (a tag or a field: key 1, value 2) is made of whole fields."""
     while pos < end:
-        key, pos = _varint(buf, pos, end)
+        key, pos = varint(buf, pos, end)
         if pos < 0:
             return False
-        pos, _, _ = _skip_field(buf, key, pos, end)
+        pos, _, _ = skip_field(buf, key, pos, end)
         if pos < 0:
             return False
     return pos == end
@@ -92,10 +56,10 @@ def _point_group(buf: Any, pos: int, end: int) -> tuple[bool, int, int]:
     """
     group_start, group_end = -1, -1
     while pos < end:
-        key, pos = _varint(buf, pos, end)
+        key, pos = varint(buf, pos, end)
         if pos < 0:
             return False, -1, -1
-        pos, value_start, value_end = _skip_field(buf, key, pos, end)
+        pos, value_start, value_end = skip_field(buf, key, pos, end)
         if pos < 0:
             return False, -1, -1
         field = key >> 3
@@ -151,7 +115,7 @@ def _scan(
         frame_kind = OTHER
         first, second = -1, -1
         if length >= 3 and buf[cursor] == _POINT_KEY_0 and buf[cursor + 1] == _POINT_KEY_1:
-            inner, point_start = _varint(buf, cursor + 2, end)
+            inner, point_start = varint(buf, cursor + 2, end)
             if point_start >= 0 and inner >= 0 and point_start + inner == end:
                 well_formed, first, second = _point_group(buf, point_start, end)
                 frame_kind = POINT if well_formed else BAD_POINT
@@ -163,30 +127,6 @@ def _scan(
         count += 1
         pos = end
     return count, pos, OK
-
-
-_SHORT_SPAN = 32
-
-
-@njit(cache=True, nogil=True)
-def _gather(buf: Any, spans: Any) -> tuple[Any, Any]:
-    """The bytes of each span, concatenated, and Arrow's int32 offsets for them."""
-    count = spans.shape[0]
-    offsets = np.empty(count + 1, np.int32)
-    offsets[0] = 0
-    for i in range(count):
-        offsets[i + 1] = offsets[i] + (spans[i, 1] - spans[i, 0])
-    data = np.empty(offsets[count], np.uint8)
-    for i in range(count):
-        start, end, out = spans[i, 0], spans[i, 1], offsets[i]
-        if end - start <= _SHORT_SPAN:
-            # Tag values and names are a few bytes: a byte loop beats making two array views.
-            for b in range(start, end):
-                data[out] = buf[b]
-                out += 1
-        else:
-            data[out : offsets[i + 1]] = buf[start:end]
-    return data, offsets
 
 
 @njit(cache=True, nogil=True)
@@ -267,7 +207,7 @@ def group_points(frames: bytes, points: np.ndarray, groups: np.ndarray) -> Group
     rank = np.empty_like(arrival)
     rank[arrival] = np.arange(len(arrival))
     order = np.argsort(rank[column], kind="stable")
-    data, offsets = _gather(buf, points[order])
+    data, offsets = gather(buf, points[order])
     counts = np.bincount(column, minlength=len(first))[arrival]
     bounds = offsets[np.concatenate(([0], np.cumsum(counts)))]
     keys = [frames[start:end] if start >= 0 else b"" for start, end in groups[first[arrival]].tolist()]

@@ -1,0 +1,41 @@
+"""Where the runtime chooses between the compiled kernels and their plain-Python twins.
+
+The compiled frame scanner and point codec (numba, compiled once per machine into its cache)
+load off the Info path; until they have loaded, and wherever they cannot load, the reference
+code in ``frames``, ``grouped`` and ``columns`` does the same work, slower. Nothing heavy is
+imported here: loading is what the ``load_*`` functions do.
+"""
+
+from __future__ import annotations
+
+from udf_agent.wire.frames import FrameSplitter
+
+_scanner_loaded = False
+
+
+def load_scanner() -> None:
+    """Loads the compiled frame scanner and its kernels; raises what loading raised."""
+    global _scanner_loaded
+    from udf_agent.wire import scanner
+
+    scanner.warm_up()
+    _scanner_loaded = True
+
+
+def load_point_codec() -> None:
+    """Loads the compiled point decoder and encoder (UDFs whose points are computed)."""
+    from udf_agent.wire import pointcodec
+
+    pointcodec.warm_up()
+
+
+def scanner_loaded() -> bool:
+    """Whether the compiled frame scanner (and its kernels) can be used in this process."""
+    return _scanner_loaded
+
+
+def compiled_splitter(splitter: FrameSplitter) -> FrameSplitter:
+    """The compiled scanner, taking over mid-stream from ``splitter`` (``scanner_loaded`` first)."""
+    from udf_agent.wire.scanner import FastFrameSplitter
+
+    return FastFrameSplitter.continuing(splitter)
