@@ -19,8 +19,8 @@ import time
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.runtime.writer import Writer
 from udf_agent.runtime.transports import SocketConnection
+from udf_agent.runtime.writer import Writer
 from udf_agent.testing import grouped_point, option
 from udf_agent.wire.frames import FrameDecoder, encode_frame
 
