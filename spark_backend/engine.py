@@ -25,14 +25,14 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import pandas as pd
 import pyarrow as pa
 
 from spark_backend.resident import ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
+from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec
 from udf_agent.compute.run import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
 from udf_agent.errors import first_line
@@ -41,43 +41,8 @@ log = logging.getLogger(__name__)
 
 TASK_DDL = "seq long, key string, meta string, data binary, history binary, state string"
 
-# Chosen for a short-lived driver that mostly moves bytes: quick JVM start-up
-# (C1 only, serial GC, no UI), Arrow on, Python workers reused between jobs.
-DEFAULT_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
-    "spark.sql.shuffle.partitions": "4",
-    "spark.python.worker.reuse": "true",
-    "spark.driver.memory": "512m",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto -XX:ReservedCodeCacheSize=64m -XX:MaxMetaspaceSize=256m",
-}
-
-
-DISPATCHES = ("resident", "jobs")
-
-
 # How often the log says how long Spark has been starting.
 START_REPORT_INTERVAL = 5.0
-
-
-@dataclass
-class SparkSettings:
-    master: str = "local[*]"
-    conf: dict[str, str] = field(default_factory=dict)
-    app_name: str = "udf-agent"
-    dispatch: str = "resident"
-    # A micro-batch computing longer is abandoned, and retried once on fresh workers.
-    batch_timeout: float = 60.0
-    # Resident tasks to launch (default: Spark's default parallelism).
-    resident_slots: int | None = None
-    # A Spark Connect server (sc://host:port): used instead of ``master``; no JVM here.
-    remote: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self.remote or self.master
 
 
 class SparkEngine:
@@ -252,44 +217,13 @@ def ship_by_value(spec: UDFSpec) -> None:
     log.info("the UDF's module %s is shipped to Spark's workers with each job (%s)", top.__name__, path)
 
 
-def agent_conf(settings: SparkSettings) -> dict[str, str]:
-    """Spark's configuration for this agent, as Spark conf (nothing set in our environment):
-    the defaults, what its Python workers need, then the user's ``--conf``, which wins."""
-    needs = {}
-    # Workers run this interpreter (it has pyarrow and the UDF's module) and import what the
-    # agent can: the UDF's module may live next to the current directory only. A PYSPARK_PYTHON
-    # the user set is theirs to keep.
-    if "PYSPARK_PYTHON" not in os.environ:
-        needs["spark.pyspark.python"] = sys.executable
-    if "PYSPARK_DRIVER_PYTHON" not in os.environ:
-        needs["spark.pyspark.driver.python"] = sys.executable
-    paths = [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]
-    # An editable install finds this project through an import hook, not a path: named too.
-    import spark_backend
-    import udf_agent
-
-    paths += [os.path.dirname(os.path.dirname(os.path.abspath(package.__file__ or ""))) for package in (udf_agent, spark_backend)]
-    needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    # Spark's log lines land in the UDF log: warnings and worse, everything with --log-level debug.
-    level = "INFO" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "WARN"
-    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
-    java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
-    needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
-    if settings.master.startswith("local"):
-        # An embedded Spark talks to itself over loopback only; a cluster's executors must
-        # reach the driver at an address Spark (or the user's --conf) picks.
-        needs["spark.driver.host"] = "127.0.0.1"
-        needs["spark.driver.bindAddress"] = "127.0.0.1"
-    return {**DEFAULT_CONF, **needs, **settings.conf}
-
-
 def _warm_workers(session: SparkSession) -> None:
     """Runs one tiny job so the first micro-batch does not pay for starting Python workers."""
     frame = session.dataframes.createDataFrame(pd.DataFrame({"n": range(session.parallelism())}), schema="n long")
     frame.mapInPandas(_import_compute, schema="n long").count()
 
 
-def _import_compute(frames: Any) -> Any:
+def _import_compute(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     import udf_agent.compute.run  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
     from udf_agent.wire import pointcodec
 

@@ -21,6 +21,7 @@ as Arrow IPC.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -28,19 +29,18 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import threading
 import time
-import traceback
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
-import pandas as pd
 import pyarrow as pa
 
-from udf_agent.compute.run import Job, compute_tasks
+from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, TASKS, WELCOME, receive_message, send_message
+from spark_backend.resident_worker import serve_slot
+from udf_agent.compute.run import Job
 from udf_agent.errors import first_line
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
@@ -49,100 +49,16 @@ if TYPE_CHECKING:  # the workers import this module: no Spark session code there
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct("!BQ")
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE = range(1, 7)
-JOB_KEY_BYTES = 16
+T = TypeVar("T")
 
 # Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
 SPLIT_BYTES = 512 * 1024
-# Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).
-KEPT_JOBS = 64
-
-
 class WorkerLost(Exception):
     """A worker did not return its part of a micro-batch (the cause is the message)."""
 
 
 class ResidentStartError(RuntimeError):
     pass
-
-
-# ---- framing, shared by both sides ----
-
-
-def send_message(sock: socket.socket, kind: int, *parts: Any) -> None:
-    """One message whose payload is ``parts`` (bytes-like) one after another, never joined:
-    a micro-batch is megabytes, and copying it holds the GIL the reader needs."""
-    sock.sendall(HEADER.pack(kind, sum(len(part) for part in parts)))
-    for part in parts:
-        sock.sendall(part)
-
-
-def receive_message(sock: socket.socket) -> tuple[int, bytearray] | None:
-    """The next message, or None at a clean end of stream (before a header)."""
-    header = _receive_exactly(sock, HEADER.size, eof_ok=True)
-    if header is None:
-        return None
-    kind, length = HEADER.unpack(header)
-    payload = _receive_exactly(sock, length, eof_ok=False)
-    assert payload is not None
-    return kind, payload
-
-
-def _receive_exactly(sock: socket.socket, length: int, eof_ok: bool) -> bytearray | None:
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    received = 0
-    while received < length:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            if eof_ok and received == 0:
-                return None
-            raise ConnectionError(f"connection closed after {received} of {length} bytes")
-        received += count
-    return buffer
-
-
-# ---- the worker side (runs inside a Spark task) ----
-
-
-def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The body of a resident task: computes micro-batches for the agent at ``address``."""
-    import pickle
-
-    from udf_agent.wire import pointcodec
-
-    slot = next((int(v) for frame in frames for v in frame["id"]), -1)
-    pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
-    served = 0
-    with socket.create_connection(address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "pid": os.getpid()}).encode())
-        welcome = receive_message(sock)
-        if welcome is None or welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
-            raise ConnectionError("the agent did not answer with this task's token")
-        jobs: OrderedDict[bytes, Job] = OrderedDict()
-        while (message := receive_message(sock)) is not None:
-            kind, payload = message
-            key, body = bytes(payload[:JOB_KEY_BYTES]), memoryview(payload)[JOB_KEY_BYTES:]
-            if kind == JOB:
-                # Sent by the agent that launched this task, over the channel the token
-                # authenticated: the same trust as Spark's own pickled UDFs.
-                jobs[key] = pickle.loads(body)
-                while len(jobs) > KEPT_JOBS:
-                    jobs.popitem(last=False)
-                continue
-            try:
-                reply = table_to_ipc_buffer(compute_tasks(jobs[key], ipc_to_table(body)))
-            except Exception:
-                send_message(sock, FAILURE, traceback.format_exc().encode())
-            else:
-                send_message(sock, RESULT, reply)
-            served += 1
-    yield pd.DataFrame({"slot": [slot], "served": [served]})
-
-
-# ---- the agent side ----
 
 
 @dataclass
@@ -220,23 +136,23 @@ class ResidentWorkers:
         used = self._workers[: len(parts)]
         for worker, part in zip(used, parts):
             payload = table_to_ipc_buffer(part)
-            self._exchange(worker, deadline, lambda w=worker, p=payload: self._send_tasks(w, key, pickled, p))
+            self._exchange(worker, deadline, functools.partial(self._send_tasks, worker, key, pickled, payload))
         results = []
         for worker in used:
-            kind, payload = self._exchange(worker, deadline, lambda w=worker: _require(receive_message(w.sock), w))
+            kind, payload = self._exchange(worker, deadline, functools.partial(_next_message, worker))
             if kind == FAILURE:
                 raise RuntimeError(f"{worker} failed outside the UDF:\n{payload.decode(errors='replace')}")
             results.append(ipc_to_table(payload))
         # Parts are consecutive runs of tasks, each answered in task order.
         return pa.concat_tables(results) if len(results) > 1 else results[0]
 
-    def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: Any) -> None:
+    def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: pa.Buffer) -> None:
         if key not in worker.jobs:
             send_message(worker.sock, JOB, key, pickled)
             worker.jobs.add(key)
         send_message(worker.sock, TASKS, key, payload)
 
-    def _exchange(self, worker: _Worker, deadline: float, action: Any) -> Any:
+    def _exchange(self, worker: _Worker, deadline: float, action: Callable[[], T]) -> T:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise WorkerLost(f"{worker} returned no result within the batch timeout ({self.batch_timeout:g} s)")
@@ -315,8 +231,6 @@ class ResidentWorkers:
             return None
 
     def _run_job(self, group: str, address: tuple[str, int], token: str) -> None:
-        import functools
-
         try:
             self._session.tag_jobs(group)
             frame = self._session.dataframes.range(0, self.slots, 1, self.slots)
@@ -359,7 +273,9 @@ class ResidentWorkers:
         self._job_thread = None
 
 
-def _require(message: tuple[int, bytearray] | None, worker: _Worker) -> tuple[int, bytearray]:
+def _next_message(worker: _Worker) -> tuple[int, bytearray]:
+    """The worker's next message; its end of stream counts as losing it."""
+    message = receive_message(worker.sock)
     if message is None:
         raise ConnectionError("it closed its connection")
     return message

@@ -14,6 +14,7 @@ import socket
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+from spark_backend.settings import SparkSettings, agent_conf
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
 
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
-    from spark_backend.engine import SparkSettings
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,6 @@ class ClassicSession:
     def open(cls, settings: SparkSettings) -> ClassicSession:
         from pyspark.sql import SparkSession as Builder
 
-        from spark_backend.engine import agent_conf
         from spark_backend.java import JavaError, check_java
 
         try:

@@ -78,7 +78,7 @@ def test_computing_while_spark_starts_defaults_on_for_embedded_spark_only():
 
 
 def test_spark_gets_what_the_agent_needs_as_conf_and_a_cluster_no_loopback_address(monkeypatch):
-    from spark_backend.engine import SparkSettings, agent_conf
+    from spark_backend.settings import SparkSettings, agent_conf
 
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     local = agent_conf(SparkSettings(master="local[2]"))

@@ -1,0 +1,72 @@
+"""How the agent's Spark is set up: the settings a user gives and the conf they become."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+# Chosen for a short-lived driver that mostly moves bytes: quick JVM start-up
+# (C1 only, serial GC, no UI), Arrow on, Python workers reused between jobs.
+DEFAULT_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.python.worker.reuse": "true",
+    "spark.driver.memory": "512m",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto -XX:ReservedCodeCacheSize=64m -XX:MaxMetaspaceSize=256m",
+}
+
+
+DISPATCHES = ("resident", "jobs")
+
+
+@dataclass
+class SparkSettings:
+    master: str = "local[*]"
+    conf: dict[str, str] = field(default_factory=dict)
+    app_name: str = "udf-agent"
+    dispatch: str = "resident"
+    # A micro-batch computing longer is abandoned, and retried once on fresh workers.
+    batch_timeout: float = 60.0
+    # Resident tasks to launch (default: Spark's default parallelism).
+    resident_slots: int | None = None
+    # A Spark Connect server (sc://host:port): used instead of ``master``; no JVM here.
+    remote: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.remote or self.master
+
+
+def agent_conf(settings: SparkSettings) -> dict[str, str]:
+    """Spark's configuration for this agent, as Spark conf (nothing set in our environment):
+    the defaults, what its Python workers need, then the user's ``--conf``, which wins."""
+    needs = {}
+    # Workers run this interpreter (it has pyarrow and the UDF's module) and import what the
+    # agent can: the UDF's module may live next to the current directory only. A PYSPARK_PYTHON
+    # the user set is theirs to keep.
+    if "PYSPARK_PYTHON" not in os.environ:
+        needs["spark.pyspark.python"] = sys.executable
+    if "PYSPARK_DRIVER_PYTHON" not in os.environ:
+        needs["spark.pyspark.driver.python"] = sys.executable
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path if os.path.isdir(p or os.curdir)]
+    # An editable install finds this project through an import hook, not a path: named too.
+    import udf_agent
+
+    paths += [os.path.dirname(os.path.dirname(os.path.abspath(path))) for path in (udf_agent.__file__ or "", __file__)]
+    needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # Spark's log lines land in the UDF log: warnings and worse, everything with --log-level debug.
+    level = "INFO" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "WARN"
+    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
+    needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
+    if settings.master.startswith("local"):
+        # An embedded Spark talks to itself over loopback only; a cluster's executors must
+        # reach the driver at an address Spark (or the user's --conf) picks.
+        needs["spark.driver.host"] = "127.0.0.1"
+        needs["spark.driver.bindAddress"] = "127.0.0.1"
+    return {**DEFAULT_CONF, **needs, **settings.conf}
