@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import re
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -15,12 +12,8 @@ from typing import Any
 import click
 
 from udf_agent import __version__, udf_pb2
-from udf_agent.options import Option
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h)\s*$")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-# Where socket UDFs listen by default: what `info --kapacitor-conf` prints and `doctor` checks.
-SOCKET_DIR = "/var/run/udf-agent"
+from udf_agent.literals import command_line_seconds
+from udf_agent.tools.describe import SOCKET_DIR, builtins_help, describe, kapacitor_conf
 
 
 class DurationType(click.ParamType[float]):
@@ -31,10 +24,9 @@ class DurationType(click.ParamType[float]):
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         if isinstance(value, (int, float)):
             return float(value)
-        match = _DURATION.match(value)
-        if not match:
+        seconds = command_line_seconds(value)
+        if seconds is None:
             self.fail(f"{value!r} is not a duration (examples: 250ms, 1s, 2m)", param, ctx)
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
         if seconds <= 0:
             self.fail("must be greater than zero", param, ctx)
         return seconds
@@ -184,31 +176,6 @@ def _on_stop_signals(stop: Any) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, handle)
-
-
-def describe(spec: Any) -> list[str]:
-    """A UDF's description, edges and options, one per line, as ``info`` prints them."""
-    lines = [f"{spec.name}: {spec.description}" if spec.description else spec.name, f"  wants: {spec.wants}   provides: {spec.provides}"]
-    if not spec.options:
-        return [*lines, "  options: none"]
-    lines.append("  options:")
-    for option in spec.options:
-        if option.multiple:
-            default = "repeatable"
-        elif option.required:
-            default = "required"
-        else:
-            default = f"default {_tick_value(option.default_value(), option)}"
-        line = f"    .{option.name}({', '.join(option.type_names())})  {default}"
-        lines.append(f"{line}  {option.help}" if option.help else line)
-    return lines
-
-
-def builtins_help() -> list[str]:
-    """Every built-in UDF with its edges and options, for the help of commands taking a TARGET."""
-    from udf_agent.targets import builtin_specs
-
-    return [line for spec in builtin_specs().values() for line in describe(spec)]
 
 
 class _TargetCommand(click.Command):
@@ -454,7 +421,7 @@ def info(target: str, conf_name: str | None) -> None:
     """Show TARGET's wants, provides and options."""
     spec = _load(target)
     if conf_name:
-        click.echo(_kapacitor_conf(conf_name, target, spec))
+        click.echo(kapacitor_conf(conf_name, target, spec))
         return
     for line in describe(spec):
         click.echo(line)
@@ -467,101 +434,6 @@ def list_builtins() -> None:
 
     for name, spec in builtin_specs().items():
         click.echo(f"{name:<12} {spec.wants}->{spec.provides}  {spec.description}")
-
-
-def _kapacitor_conf(name: str, target: str, spec: Any) -> str:
-    from udf_agent.targets import builtin_specs
-
-    prog, args = _agent_command()
-    args = [*args, "run", target]
-    lines = [
-        f"[udf.functions.{name}]",
-        f'  prog = "{prog}"',
-        "  args = [" + ", ".join(f'"{a}"' for a in args) + "]",
-        '  timeout = "10s"',
-    ]
-    environment = ""
-    if target not in builtin_specs():
-        lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{_import_root(target)}"']
-        environment = f"PYTHONPATH={_import_root(target)} "
-    socket_path = os.path.join(SOCKET_DIR, f"{name}.sock")
-    serve = " ".join([prog, *args[:-2], "serve", "--socket", socket_path, target])
-    lines += [
-        "",
-        "# Or a socket UDF: one server, its Spark shared by every task. Run",
-        f"#   {environment}{serve}",
-        "# and use this block instead of the one above:",
-        f"# [udf.functions.{name}]",
-        f'#   socket = "{socket_path}"',
-        '#   timeout = "10s"',
-    ]
-    call = "".join(f".{o.name}({_tick_example(o)})" for o in spec.options if not o.multiple)
-    source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
-    lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
-    return "\n".join(lines)
-
-
-def _import_root(target: str) -> str:
-    """The directory Kapacitor's PYTHONPATH needs for TARGET's module to import."""
-    module_name = target.partition(":")[0]
-    path = os.path.abspath(sys.modules[module_name].__file__ or os.curdir)
-    if os.path.basename(path) == "__init__.py":
-        path = os.path.dirname(path)
-    for _ in module_name.split("."):
-        path = os.path.dirname(path)
-    return path
-
-
-def _agent_command() -> tuple[str, list[str]]:
-    """How Kapacitor should start this agent: the console script, else ``python -m``."""
-    if os.path.basename(sys.argv[0]) == "udf-agent":
-        return os.path.abspath(shutil.which(sys.argv[0]) or sys.argv[0]), []
-    beside = os.path.join(os.path.dirname(sys.executable), "udf-agent")
-    script = beside if os.access(beside, os.X_OK) else shutil.which("udf-agent")
-    if script:
-        return os.path.abspath(script), []
-    return sys.executable, ["-m", "udf_agent"]
-
-
-def _tick_example(option: Option) -> str:
-    if not option.required:
-        return _tick_value(option.default_value(), option)
-    if option.example is not None:
-        return _tick_value(option.example, option)
-    samples = {udf_pb2.BOOL: "TRUE", udf_pb2.INT: "1", udf_pb2.DOUBLE: "1.0", udf_pb2.STRING: "'value'", udf_pb2.DURATION: "1s"}
-    return ", ".join(samples[t] for t in option.value_types)
-
-
-def _tick_value(value: Any, option: Option) -> str:
-    """An option's value as TICKscript arguments."""
-    if isinstance(value, tuple):
-        return ", ".join(_tick_literal(v, t) for v, t in zip(value, option.value_types))
-    return _tick_literal(value, option.value_types[0])
-
-
-def _tick_literal(value: Any, wire_type: int) -> str:
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "\\'") + "'"
-    if isinstance(value, datetime.timedelta):
-        return _tick_duration(int(getattr(value, "value", value // datetime.timedelta(microseconds=1) * 1000)))
-    if isinstance(value, int) and wire_type == udf_pb2.DURATION:
-        return _tick_duration(value)
-    if isinstance(value, float):
-        text = repr(value)
-        return text if "e" not in text else f"{value:.20f}".rstrip("0")
-    return repr(value)
-
-
-_TICK_UNITS = (("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000), ("u", 1_000))
-
-
-def _tick_duration(ns: int) -> str:
-    for unit, size in _TICK_UNITS:
-        if ns and ns % size == 0:
-            return f"{ns // size}{unit}"
-    return f"{ns}ns"
 
 
 # Kapacitor waits for the process's exit after our output ends: Spark gets this long

@@ -33,7 +33,7 @@ class Duration:
         elif isinstance(value, _dt.timedelta):
             self.ns = timedelta_ns(value)
         else:
-            from udf_agent.tools.tickscript import literal
+            from udf_agent.literals import literal
 
             parsed = literal(str(value))
             if parsed.type != udf_pb2.DURATION:

@@ -1,47 +1,30 @@
-"""UDF options written as in a TICKscript call, typed and checked the way Kapacitor does.
+"""TICKscript both ways: UDF options read from a TICKscript call, and options written as one.
 
-``size=10`` is ``.size(10)``: ``10`` is INT, ``1.5`` DOUBLE, ``'avg'`` (or a bare
+Reading: ``size=10`` is ``.size(10)``: ``10`` is INT, ``1.5`` DOUBLE, ``'avg'`` (or a bare
 ``avg``) STRING, ``true`` BOOL and ``10s`` DURATION; ``field='a','b'`` passes two
-values. Kapacitor types each literal and never coerces, then checks the call
-against the UDF's InfoResponse; the messages here are Kapacitor's own.
+values. Kapacitor types each literal and never coerces (``udf_agent.literals``), then
+checks the call against the UDF's InfoResponse; the messages here are Kapacitor's own.
+
+Writing: an option's default or example as the arguments of its call, for ``info``.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping
 
 from udf_agent import udf_pb2
+from udf_agent.literals import DURATION_UNITS, TickError, literal
+from udf_agent.options import Option, timedelta_ns
 
-# TICKscript duration units (tick/ast/lex.go): u and µ are microseconds, no ns.
-_DURATION_UNITS = {"u": 1_000, "µ": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000, "d": 86_400_000_000_000, "w": 604_800_000_000_000}
-_DURATION = re.compile(r"^(-?\d+)(u|µ|ms|s|m|h|d|w)$")
-_INT = re.compile(r"^-?\d+$")
-_FLOAT = re.compile(r"^-?(\d+\.\d*|\.\d+)$")
+__all__ = ["TickError", "check_call", "literal", "parse_call", "render_arguments", "render_duration", "render_example", "render_literal"]
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class TickError(ValueError):
-    """An option that is not a TICKscript call, or one Kapacitor would refuse."""
-
-
-def literal(text: str) -> udf_pb2.OptionValue:
-    """One TICKscript literal as Kapacitor types it."""
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] == "'":
-        return udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=text[1:-1].replace("\\'", "'"))
-    if text in ("true", "TRUE", "false", "FALSE"):
-        return udf_pb2.OptionValue(type=udf_pb2.BOOL, boolValue=text.lower() == "true")
-    if _INT.match(text):
-        return udf_pb2.OptionValue(type=udf_pb2.INT, intValue=int(text))
-    if _FLOAT.match(text):
-        return udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=float(text))
-    duration = _DURATION.match(text)
-    if duration:
-        return udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=int(duration.group(1)) * _DURATION_UNITS[duration.group(2)])
-    if not text:
-        raise TickError("an empty value: write '' for an empty string")
-    return udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=text)
+# The units a duration is written in, largest first: days and weeks are written in hours.
+_WRITTEN_UNITS = tuple((unit, DURATION_UNITS[unit]) for unit in ("h", "m", "s", "ms", "u"))
+# An example for a required option that declares none, by type.
+_SAMPLES = {udf_pb2.BOOL: "TRUE", udf_pb2.INT: "1", udf_pb2.DOUBLE: "1.0", udf_pb2.STRING: "'value'", udf_pb2.DURATION: "1s"}
 
 
 def parse_call(assignment: str) -> udf_pb2.Option:
@@ -83,3 +66,43 @@ def check_call(udf: str, info: Mapping[str, udf_pb2.OptionInfo], call: udf_pb2.O
     for value, wanted in zip(call.values, expected):
         if value.type != wanted:
             raise TickError(f"unexpected arg to {call.name}, got {udf_pb2.ValueType.Name(value.type)} expected {udf_pb2.ValueType.Name(wanted)}")
+
+
+def render_example(option: Option) -> str:
+    """The arguments of a sample call of OPTION: its default, else its example, else a value of its type."""
+    if not option.required:
+        return render_arguments(option.default_value(), option)
+    if option.example is not None:
+        return render_arguments(option.example, option)
+    return ", ".join(_SAMPLES[t] for t in option.value_types)
+
+
+def render_arguments(value: object, option: Option) -> str:
+    """An option's value as the arguments of its TICKscript call (a tuple for several values)."""
+    if isinstance(value, tuple):
+        return ", ".join(render_literal(v, t) for v, t in zip(value, option.value_types))
+    return render_literal(value, option.value_types[0])
+
+
+def render_literal(value: object, wire_type: int) -> str:
+    """One value as a TICKscript literal; an int that is a DURATION counts nanoseconds."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    if isinstance(value, datetime.timedelta):
+        return render_duration(timedelta_ns(value))
+    if isinstance(value, int) and wire_type == udf_pb2.DURATION:
+        return render_duration(value)
+    if isinstance(value, float):
+        text = repr(value)
+        return text if "e" not in text else f"{value:.20f}".rstrip("0")
+    return repr(value)
+
+
+def render_duration(ns: int) -> str:
+    """Nanoseconds as a TICKscript duration, in the largest unit that divides them."""
+    for unit, size in _WRITTEN_UNITS:
+        if ns and ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"

@@ -1,0 +1,92 @@
+"""What ``udf-agent info`` and the help of commands taking a TARGET print: a UDF's
+description and options, and the kapacitor.conf block (with a TICKscript call) that runs it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from udf_agent.api import UDFSpec
+from udf_agent.targets import builtin_specs
+from udf_agent.tools.tickscript import render_arguments, render_example
+
+# Where socket UDFs listen by default: what `info --kapacitor-conf` prints and `doctor` checks.
+SOCKET_DIR = "/var/run/udf-agent"
+
+
+def describe(spec: UDFSpec) -> list[str]:
+    """A UDF's description, edges and options, one per line, as ``info`` prints them."""
+    lines = [f"{spec.name}: {spec.description}" if spec.description else spec.name, f"  wants: {spec.wants}   provides: {spec.provides}"]
+    if not spec.options:
+        return [*lines, "  options: none"]
+    lines.append("  options:")
+    for option in spec.options:
+        if option.multiple:
+            default = "repeatable"
+        elif option.required:
+            default = "required"
+        else:
+            default = f"default {render_arguments(option.default_value(), option)}"
+        line = f"    .{option.name}({', '.join(option.type_names())})  {default}"
+        lines.append(f"{line}  {option.help}" if option.help else line)
+    return lines
+
+
+def builtins_help() -> list[str]:
+    """Every built-in UDF with its edges and options, for the help of commands taking a TARGET."""
+    return [line for spec in builtin_specs().values() for line in describe(spec)]
+
+
+def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
+    """The kapacitor.conf block that runs TARGET as the UDF NAME (process and socket forms),
+    and a TICKscript that calls it."""
+    prog, args = agent_command()
+    args = [*args, "run", target]
+    lines = [
+        f"[udf.functions.{name}]",
+        f'  prog = "{prog}"',
+        "  args = [" + ", ".join(f'"{a}"' for a in args) + "]",
+        '  timeout = "10s"',
+    ]
+    environment = ""
+    if target not in builtin_specs():
+        lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{import_root(target)}"']
+        environment = f"PYTHONPATH={import_root(target)} "
+    socket_path = os.path.join(SOCKET_DIR, f"{name}.sock")
+    serve = " ".join([prog, *args[:-2], "serve", "--socket", socket_path, target])
+    lines += [
+        "",
+        "# Or a socket UDF: one server, its Spark shared by every task. Run",
+        f"#   {environment}{serve}",
+        "# and use this block instead of the one above:",
+        f"# [udf.functions.{name}]",
+        f'#   socket = "{socket_path}"',
+        '#   timeout = "10s"',
+    ]
+    call = "".join(f".{o.name}({render_example(o)})" for o in spec.options if not o.multiple)
+    source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
+    lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
+    return "\n".join(lines)
+
+
+def import_root(target: str) -> str:
+    """The directory Kapacitor's PYTHONPATH needs for TARGET's module (already imported) to import."""
+    module_name = target.partition(":")[0]
+    path = os.path.abspath(sys.modules[module_name].__file__ or os.curdir)
+    if os.path.basename(path) == "__init__.py":
+        path = os.path.dirname(path)
+    for _ in module_name.split("."):
+        path = os.path.dirname(path)
+    return path
+
+
+def agent_command() -> tuple[str, list[str]]:
+    """How Kapacitor should start this agent: the console script, else ``python -m``."""
+    if os.path.basename(sys.argv[0]) == "udf-agent":
+        return os.path.abspath(shutil.which(sys.argv[0]) or sys.argv[0]), []
+    beside = os.path.join(os.path.dirname(sys.executable), "udf-agent")
+    script = beside if os.access(beside, os.X_OK) else shutil.which("udf-agent")
+    if script:
+        return os.path.abspath(script), []
+    return sys.executable, ["-m", "udf_agent"]
