@@ -350,7 +350,7 @@ class Session:
         return None
 
     def receive_point(self, point: bytes, now: float, frame_number: int = 0) -> list[Event]:
-        """A Point, as the bytes Kapacitor sent (see ``codec.request_point``).
+        """A Point, as the bytes Kapacitor sent (see ``frames.request_point``).
 
         Only the group is read here; the rest is decoded where the group is
         computed, so a point malformed inside fails its micro-batch there.
@@ -383,7 +383,7 @@ class Session:
         return []
 
     def receive_point_run(self, run: PointRun, now: float, frames_before: int = 0) -> list[Event]:
-        """Consecutive points as the compiled scanner found them (``codec.PointRun``).
+        """Consecutive points as the compiled scanner found them (``frames.PointRun``).
 
         A passthrough UDF's points go back as received; any other UDF's are
         grouped by the group spans the scanner found, without parsing a point.

@@ -39,7 +39,7 @@ class GroupRows:
 
 class StreamMicroBatch:
     """Stream points waiting to be computed, as they arrived: runs of frames, each with
-    its points' and groups' offsets (``codec.PointRun``). Grouping waits for ``grouped``,
+    its points' and groups' offsets (``frames.PointRun``). Grouping waits for ``grouped``,
     once per micro-batch, on the compute thread: the reader only appends."""
 
     def __init__(self, opened_at: float):

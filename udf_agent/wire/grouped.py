@@ -49,7 +49,7 @@ def prefixed_ends(data: bytes) -> Any:
 
 
 def group_points_by_key(frames: bytes, points: Any, groups: Any) -> GroupedPoints:
-    """``scan.group_points`` in plain Python, point by point."""
+    """``scanner.group_points`` in plain Python, point by point."""
     import numpy as np
 
     chunks: dict[bytes, list[bytes]] = {}

@@ -1,6 +1,6 @@
 """Frame scanning over the raw input bytes, compiled with numba.
 
-``FrameSplitter`` in ``codec`` is the reference: plain Python, about 1 M frames/s
+``FrameSplitter`` in ``frames`` is the reference: plain Python, about 1 M frames/s
 here. The reader's hot path needs far more (points are nearly all of the traffic,
 and Python must stay free for everything else), so this module walks the same
 bytes in compiled code: each frame's length and body span, whether it holds a
