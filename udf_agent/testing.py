@@ -31,25 +31,44 @@ each KeepaliveRequest takes to be answered.
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from google.protobuf.message import Message
 
 from udf_agent import udf_pb2
+from udf_agent.api import UDF, UDFSpec, as_spec
 from udf_agent.options import Duration, timedelta_ns
-from udf_agent.wire.frames import FrameDecoder, encode_varint
+from udf_agent.tools.harness import ResponseReader, ServedAgent
+from udf_agent.tools.lineproto import LinePoint
+from udf_agent.wire.frames import encode_frame, read_varint
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.engines import Engines
 
 __all__ = ["Duration", "InProcessAgent", "KapacitorDriver", "SocketDriver", "option", "run_udf"]
 
 AGENT = [sys.executable, "-m", "udf_agent"]
 
+# A Python value of a TICKscript literal, as ``option`` takes it.
+OptionArgument = bool | int | float | str | Duration | datetime.timedelta
+# The values of one call of an option: one value, or a tuple of them.
+OptionCall = OptionArgument | tuple[OptionArgument, ...]
+# The answer a driver waits for.
+Answer = TypeVar("Answer", bound=Message)
 
-def option(name: str, *values: Any) -> udf_pb2.Option:
+
+def option(name: str, *values: OptionArgument) -> udf_pb2.Option:
     """The InitRequest option of the TICKscript call ``.name(values...)``, each Python value
     typed as TICKscript types its literal: bool BOOL, int INT, float DOUBLE, str STRING,
     ``Duration("10s")`` or a timedelta DURATION."""
@@ -72,61 +91,49 @@ def option(name: str, *values: Any) -> udf_pb2.Option:
 
 
 def request_frame(request: udf_pb2.Request) -> tuple[bytes, bytes]:
-    body = request.SerializeToString()
-    return encode_varint(len(body)), body
+    """A Request's frame cut as Kapacitor writes it: the length, then the body."""
+    frame = encode_frame(request)
+    _, body_start = read_varint(frame, 0)
+    return frame[:body_start], frame[body_start:]
 
 
 class Responses:
     """Decodes the agent's output as it arrives and keeps every Response."""
 
-    def __init__(self, stream: Any):
-        self._stream = stream
-        self._decoder = FrameDecoder(udf_pb2.Response)
+    def __init__(self, stream: socket.socket | IO[bytes]):
         self.items: list[udf_pb2.Response] = []
         self.raw = bytearray()
-        self.closed = threading.Event()
-        self._cond = threading.Condition()
         self.keepalive_seen: dict[int, float] = {}
-        self.error: BaseException | None = None
-        self._by_kind: dict[str, list[Any]] = {}  # each kind's messages, so waits do not rescan
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
+        self._by_kind: dict[str | None, list[Message]] = {}  # each kind's messages, so waits do not rescan
+        self._reader = ResponseReader(stream, self._keep)
+        self.closed = self._reader.closed
+
+    @property
+    def error(self) -> BaseException | None:
+        """What ended reading, when it was not the end of the agent's output."""
+        return self._reader.error
 
     def stop_reading(self) -> None:
         """Leaves the agent's output unread from now on, as Kapacitor does when it aborts a task."""
-        self._stop.set()
+        self._reader.stop()
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                data = self._stream.recv(1 << 20) if hasattr(self._stream, "recv") else os.read(self._stream.fileno(), 1 << 20)
-                if not data:
-                    break
-                self.raw += data
-                messages = self._decoder.feed(data)
-                now = time.monotonic()
-                with self._cond:
-                    for message in messages:
-                        kind = message.WhichOneof("message")
-                        if kind == "keepalive":
-                            self.keepalive_seen.setdefault(message.keepalive.time, now)
-                        self.items.append(message)
-                        self._by_kind.setdefault(kind, []).append(getattr(message, kind) if kind else message)
-                    self._cond.notify_all()
-        except BaseException as exc:  # surfaced by the test through .error
-            self.error = exc
-        finally:
-            self.closed.set()
-            with self._cond:
-                self._cond.notify_all()
+    def _keep(self, data: bytes, messages: list[udf_pb2.Response]) -> None:
+        now = time.monotonic()
+        self.raw += data
+        for message in messages:
+            kind = message.WhichOneof("message")
+            if kind == "keepalive":
+                self.keepalive_seen.setdefault(message.keepalive.time, now)
+            self.items.append(message)
+            self._by_kind.setdefault(kind, []).append(getattr(message, kind) if kind else message)
 
-    def of(self, kind: str) -> list[Any]:
-        with self._cond:
+    def of(self, kind: str) -> list[Message]:
+        with self._reader.arrived:
             return list(self._by_kind.get(kind, ()))
 
-    def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> list[Any]:
+    def wait_for(self, kind: str, count: int = 1, timeout: float = 120) -> list[Message]:
         deadline = time.monotonic() + timeout
-        with self._cond:
+        with self._reader.arrived:
             while True:
                 found = self._by_kind.get(kind, [])
                 if len(found) >= count:
@@ -136,9 +143,9 @@ class Responses:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise AssertionError(f"timed out waiting for {count} {kind} response(s), got {len(found)}")
-                self._cond.wait(remaining)
+                self._reader.arrived.wait(remaining)
 
-    def kinds(self) -> list[str]:
+    def kinds(self) -> list[str | None]:
         return [r.WhichOneof("message") for r in self.items]
 
 
@@ -164,29 +171,26 @@ class _Driver:
         with self._write_lock:
             self._write(data)
 
+    def _ask(self, request: udf_pb2.Request, kind: str, answer: type[Answer], timeout: float) -> Answer:
+        """Sends REQUEST and waits for the next Response of KIND."""
+        before = len(self.responses.of(kind))
+        self.send(request)
+        found = self.responses.wait_for(kind, before + 1, timeout=timeout)[-1]
+        assert isinstance(found, answer)
+        return found
+
     def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
-        before = len(self.responses.of("info"))
-        self.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
-        info: udf_pb2.InfoResponse = self.responses.wait_for("info", before + 1, timeout=timeout)[-1]
-        return info
+        return self._ask(udf_pb2.Request(info=udf_pb2.InfoRequest()), "info", udf_pb2.InfoResponse, timeout)
 
     def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
-        before = len(self.responses.of("init"))
-        self.send(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1")))
-        init: udf_pb2.InitResponse = self.responses.wait_for("init", before + 1, timeout=timeout)[-1]
-        return init
+        request = udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1"))
+        return self._ask(request, "init", udf_pb2.InitResponse, timeout)
 
     def snapshot(self, timeout: float = 180) -> bytes:
-        before = len(self.responses.of("snapshot"))
-        self.send(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()))
-        snapshot: bytes = self.responses.wait_for("snapshot", before + 1, timeout=timeout)[-1].snapshot
-        return snapshot
+        return self._ask(udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()), "snapshot", udf_pb2.SnapshotResponse, timeout).snapshot
 
     def restore(self, data: bytes, timeout: float = 180) -> udf_pb2.RestoreResponse:
-        before = len(self.responses.of("restore"))
-        self.send(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data)))
-        restore: udf_pb2.RestoreResponse = self.responses.wait_for("restore", before + 1, timeout=timeout)[-1]
-        return restore
+        return self._ask(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=data)), "restore", udf_pb2.RestoreResponse, timeout)
 
     def keepalive(self, stamp: int) -> None:
         self.keepalive_sent[stamp] = time.monotonic()
@@ -197,6 +201,7 @@ class _Driver:
         seen = self.responses.keepalive_seen
         return [seen.get(stamp, float("inf")) - sent for stamp, sent in self.keepalive_sent.items()]
 
+    # The keyword arguments are the protobuf message's own fields, passed through.
     def point(self, **fields: Any) -> None:
         self.send(udf_pb2.Request(point=udf_pb2.Point(**fields)))
 
@@ -305,28 +310,16 @@ class SocketDriver(_Driver):
         self.sock.close()
 
 
-class InProcessAgent:
-    """An ``Agent`` served on one end of a socketpair, in this process; the driver holds the other end."""
+class InProcessAgent(ServedAgent):
+    """An ``Agent`` served on one end of a socketpair, in this process; ``driver`` holds the other end."""
 
-    def __init__(self, spec: Any, engines: Any, config: Any = None):
-        from udf_agent.runtime.agent import Agent
-        from udf_agent.runtime.transports import SocketConnection
-
-        ours, theirs = socket.socketpair()
-        self.connection = SocketConnection(theirs)
-        self.agent = Agent(spec, self.connection, engines, config)
-        self.driver = SocketDriver(ours)
-        self.exit_code: int | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        self.exit_code = self.agent.run()
-        self.connection.close()
+    def __init__(self, spec: UDFSpec, engines: Engines, config: AgentConfig | None = None):
+        super().__init__(spec, engines, config)
+        self.driver = SocketDriver(self.sock)
 
     def finish(self, timeout: float = 180) -> int | None:
         self.driver.close(timeout)
-        self._thread.join(timeout)
+        self.join(timeout)
         return self.exit_code
 
 
@@ -366,16 +359,16 @@ def reference_stream(**extra: Any) -> list[udf_pb2.Point]:
 
 
 def run_udf(
-    udf: Any,
-    data: Any,
-    options: Mapping[str, Any] | None = None,
+    udf: str | UDFSpec | type[UDF],
+    data: pd.DataFrame | str | Iterable[str],
+    options: Mapping[str, OptionCall | list[OptionCall]] | None = None,
     *,
     group_by: Sequence[str] = (),
     tags: Sequence[str] = (),
     name: str = "data",
-    batch_every: Any = None,
-    engines: Any = None,
-) -> Any:
+    batch_every: Duration | datetime.timedelta | str | None = None,
+    engines: Engines | None = None,
+) -> pd.DataFrame:
     """Runs UDF over DATA as Kapacitor would and returns its output points as a DataFrame.
 
     ``udf`` is a built-in's name, a ``module:attribute`` TARGET, a decorated function or a
@@ -394,7 +387,6 @@ def run_udf(
     """
     import pandas as pd
 
-    from udf_agent.api import as_spec
     from udf_agent.targets import resolve_target
     from udf_agent.tools.lineproto import read_points
     from udf_agent.tools.replay import in_process_engines, replay_points
@@ -424,12 +416,10 @@ def run_udf(
     return frame
 
 
-def _points_of_frame(data: Any, name: str, tag_columns: set[str]) -> list[Any]:
+def _points_of_frame(data: pd.DataFrame, name: str, tag_columns: set[str]) -> list[LinePoint]:
     import math
 
     import pandas as pd
-
-    from udf_agent.tools.lineproto import LinePoint
 
     if "time" not in data.columns:
         raise ValueError("the DataFrame needs a 'time' column (datetime64 or integer nanoseconds)")
@@ -455,16 +445,14 @@ def _points_of_frame(data: Any, name: str, tag_columns: set[str]) -> list[Any]:
     return points
 
 
-def _lines_as_bytes(lines: Sequence[str]) -> Any:
-    import io
-
+def _lines_as_bytes(lines: Sequence[str]) -> io.BytesIO:
     return io.BytesIO("\n".join(lines).encode())
 
 
-_shared_spark: Any = None
+_shared_spark: Engines | None = None
 
 
-def spark_engines() -> Any:
+def spark_engines() -> Engines:
     """Engines computing on one embedded Spark shared by every ``run_udf`` call of this
     process (started on first use, ~10 s; stopped when the process exits)."""
     global _shared_spark
@@ -474,6 +462,7 @@ def spark_engines() -> Any:
         from spark_backend import SparkEngine, SparkSettings
         from udf_agent.runtime.engines import Engines
 
+        # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
         def make_spark() -> Any:
             return SparkEngine(SparkSettings(master="local[2]"))
 

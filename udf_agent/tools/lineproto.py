@@ -10,14 +10,16 @@ from __future__ import annotations
 import gzip
 import io
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, cast
 
 from udf_agent import udf_pb2
 
 PRECISIONS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 INT64_MAX = (1 << 63) - 1
+# A field's value as line protocol and Kapacitor's Point carry it.
+FieldValue = float | int | str | bool
 
 
 class LineProtocolError(ValueError):
@@ -30,21 +32,22 @@ class LinePoint:
 
     name: str
     tags: dict[str, str]
-    fields: dict[str, Any]
+    fields: dict[str, FieldValue]
     time: int
     line: int = 0  # where it came from, for messages
 
 
-def open_input(path: str, stdin: IO[bytes]) -> Any:
+def open_input(path: str, stdin: IO[bytes]) -> io.BufferedIOBase:
     """The bytes of PATH (``-``: stdin), gunzipped when they are gzip."""
-    raw: Any = stdin if path == "-" else open(path, "rb")  # noqa: SIM115 - closed by the caller
-    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(raw)
+    raw = stdin if path == "-" else open(path, "rb")  # noqa: SIM115 - closed by the caller
+    # A stdin that cannot peek (a test's BytesIO) is wrapped: any binary stream has what it reads with.
+    buffered = raw if isinstance(raw, io.BufferedReader) else io.BufferedReader(cast(io.RawIOBase, raw))
     if buffered.peek(2)[:2] == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=buffered)
     return buffered
 
 
-def read_points(stream: IO[bytes], source: str = "input", precision: str = "ns") -> Iterator[LinePoint]:
+def read_points(stream: Iterable[bytes], source: str = "input", precision: str = "ns") -> Iterator[LinePoint]:
     """Parses every line of STREAM; blank lines and ``#`` comments are skipped."""
     from line_protocol_parser import LineFormatError, parse_line
 
@@ -69,7 +72,7 @@ def _excerpt(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def set_fields(point: udf_pb2.Point, fields: dict[str, Any]) -> None:
+def set_fields(point: udf_pb2.Point, fields: dict[str, FieldValue]) -> None:
     """Puts each field in the map of its Kapacitor type (int64 for ``i`` and ``u``)."""
     for name, value in fields.items():
         if isinstance(value, bool):
@@ -82,22 +85,23 @@ def set_fields(point: udf_pb2.Point, fields: dict[str, Any]) -> None:
             point.fieldsString[name] = str(value)
 
 
-def fields_of(point: udf_pb2.Point) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
+def fields_of(point: udf_pb2.Point) -> dict[str, FieldValue]:
+    """A Point's fields, whatever their type, in one map."""
+    fields: dict[str, FieldValue] = {}
     for values in (point.fieldsDouble, point.fieldsInt, point.fieldsString, point.fieldsBool):
         fields.update(values)
     return fields
 
 
-def format_point(name: str, tags: dict[str, str], fields: dict[str, Any], time: int) -> str:
+def format_point(name: str, tags: dict[str, str], fields: dict[str, FieldValue], time: int) -> str:
     """One line of line protocol, or "" when no field has a value line protocol can hold
     (NaN and infinities cannot be written; such fields are left out)."""
     from influxdb_client import Point, WritePrecision
 
     point = Point(name).time(time, WritePrecision.NS)
-    for key, value in sorted(tags.items()):
-        if value != "":  # line protocol has no empty tag values
-            point.tag(key, value)
+    for key, tag in sorted(tags.items()):
+        if tag != "":  # line protocol has no empty tag values
+            point.tag(key, tag)
     kept = 0
     for key, value in sorted(fields.items()):
         if isinstance(value, float) and not math.isfinite(value):

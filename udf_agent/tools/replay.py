@@ -15,13 +15,18 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.tools.lineproto import LinePoint, fields_of, set_fields
+from udf_agent.tools.harness import ResponseReader, ServedAgent
+from udf_agent.tools.lineproto import FieldValue, LinePoint, fields_of, set_fields
 from udf_agent.tools.tickscript import check_call
-from udf_agent.wire.frames import FrameDecoder, encode_varint
+from udf_agent.wire.frames import encode_frame
+
+if TYPE_CHECKING:
+    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.engines import Engines
 
 # What a replay hands the agent: the user waits for every result, however long Spark takes.
 REPLAY_DRAIN_TIMEOUT = 7 * 24 * 3600.0
@@ -37,7 +42,7 @@ class ReplayError(Exception):
 class OutputPoint:
     name: str
     tags: dict[str, str]
-    fields: dict[str, Any]
+    fields: dict[str, FieldValue]
     time: int
     group: str
 
@@ -80,54 +85,25 @@ def _point(line: LinePoint, dimensions: list[str]) -> udf_pb2.Point:
 class InProcessKapacitor:
     """Kapacitor's side of one agent run in this process: real frames over a socketpair.
 
-    Output is taken off the socket as fast as the agent writes it, by a thread of its own:
-    the agent drops output its peer leaves unread for a second after input ends (a task
-    stop), and writing line protocol or plotting may well take longer than that.
+    Output is taken off the socket as fast as the agent writes it (``ResponseReader``):
+    writing line protocol or plotting may well take longer than the second the agent
+    waits for an unread peer once input ends.
     """
 
-    def __init__(self, spec: UDFSpec, engines: Any, config: Any):
-        from udf_agent.runtime.agent import Agent
-        from udf_agent.runtime.transports import SocketConnection
-
-        self._sock, theirs = socket.socketpair()
-        self._connection = SocketConnection(theirs)
-        self._agent = Agent(spec, self._connection, engines, config)
+    def __init__(self, spec: UDFSpec, engines: Engines, config: AgentConfig):
+        self._served = ServedAgent(spec, engines, config, name="replay-agent")
+        self._sock = self._served.sock
         self._received: deque[udf_pb2.Response] = deque()
-        self._output_ended = False
-        self._arrived = threading.Condition()
         self.points_sent = 0
         self._send_error: BaseException | None = None
-        self._threads = [
-            threading.Thread(target=self._serve, name="replay-agent", daemon=True),
-            threading.Thread(target=self._receive, name="replay-output", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._output = ResponseReader(self._sock, self._keep, name="replay-output")
 
-    def _serve(self) -> None:
-        try:
-            self._agent.run()
-        finally:
-            self._connection.close()
+    def _keep(self, data: bytes, responses: list[udf_pb2.Response]) -> None:
+        self._received.extend(responses)
 
-    def _receive(self) -> None:
-        decoder = FrameDecoder(udf_pb2.Response)
-        try:
-            while data := self._sock.recv(1 << 20):
-                responses = decoder.feed(data)
-                with self._arrived:
-                    self._received.extend(responses)
-                    self._arrived.notify_all()
-        except OSError:
-            pass  # closed under us: the replay is over
-        finally:
-            with self._arrived:
-                self._output_ended = True
-                self._arrived.notify_all()
-
-    def ask(self, request: udf_pb2.Request, kind: str) -> Any:
-        """Sends one request and returns the reply of KIND (an ErrorResponse raises)."""
-        self._sock.sendall(_frame(request))
+    def ask(self, request: udf_pb2.Request, kind: str) -> udf_pb2.Response:
+        """Sends one request and returns the Response of KIND (an ErrorResponse raises)."""
+        self._sock.sendall(encode_frame(request))
         while True:
             responses = self._next_responses()
             if responses is None:
@@ -137,7 +113,7 @@ class InProcessKapacitor:
                 if found == "error":
                     raise ReplayError(response.error.error)
                 if found == kind:
-                    return getattr(response, kind)
+                    return response
 
     def stream(self, requests: Iterable[udf_pb2.Request], on_progress: Callable[[int], None] | None = None) -> Iterator[udf_pb2.Response]:
         """Sends REQUESTS then ends the input as Kapacitor does on stop, yielding every
@@ -156,16 +132,18 @@ class InProcessKapacitor:
                     raise ReplayError(response.error.error)
                 yield response
         sender.join()
-        for thread in self._threads:
-            thread.join()
+        self._served.join()
+        self._output.join()
         if self._send_error is not None:
             raise self._send_error
+        if self._output.error is not None and not isinstance(self._output.error, OSError):
+            raise self._output.error  # not the socket closed under us: a bug to show
 
     def _send_all(self, requests: Iterable[udf_pb2.Request]) -> None:
         pending = bytearray()
         try:
             for request in requests:
-                pending += _frame(request)
+                pending += encode_frame(request)
                 if request.WhichOneof("message") == "point":
                     self.points_sent += 1
                 if len(pending) >= _SEND_CHUNK:
@@ -182,11 +160,11 @@ class InProcessKapacitor:
     def _next_responses(self) -> list[udf_pb2.Response] | None:
         """The Responses received since the last call ([] after a short wait, so progress can
         be shown while nothing comes out); None once the agent has closed its side."""
-        with self._arrived:
-            if not self._received and not self._output_ended:
-                self._arrived.wait(PROGRESS_INTERVAL)
+        with self._output.arrived:
+            if not self._received and not self._output.closed.is_set():
+                self._output.arrived.wait(PROGRESS_INTERVAL)
             if not self._received:
-                return None if self._output_ended else []
+                return None if self._output.closed.is_set() else []
             responses = list(self._received)
             self._received.clear()
             return responses
@@ -195,7 +173,7 @@ class InProcessKapacitor:
         self._sock.close()
 
 
-def in_process_engines() -> Any:
+def in_process_engines() -> Engines:
     """Engines that compute every micro-batch in this process, without Spark (the code
     Spark's workers run)."""
     from udf_agent.compute.engine import LocalEngine
@@ -204,20 +182,15 @@ def in_process_engines() -> Any:
     return Engines(LocalEngine, local_max_points=1 << 62)
 
 
-def _frame(request: udf_pb2.Request) -> bytes:
-    body = request.SerializeToString()
-    return encode_varint(len(body)) + body
-
-
 def replay_points(
     spec: UDFSpec,
-    engines: Any,
+    engines: Engines,
     options: Sequence[udf_pb2.Option],
     points: Sequence[LinePoint],
     *,
     group_by: Sequence[str] = (),
     batch_every_ns: int | None = None,
-    config: Any = None,
+    config: AgentConfig | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> Iterator[OutputPoint]:
     """Runs SPEC over POINTS as Kapacitor would and yields its output points in order.
@@ -233,10 +206,10 @@ def replay_points(
         config = AgentConfig(drain_timeout=REPLAY_DRAIN_TIMEOUT)
     kapacitor = InProcessKapacitor(spec, engines, config)
     try:
-        info = kapacitor.ask(udf_pb2.Request(info=udf_pb2.InfoRequest()), "info")
+        info = kapacitor.ask(udf_pb2.Request(info=udf_pb2.InfoRequest()), "info").info
         for call in options:
             check_call(spec.name, info.options, call)
-        init = kapacitor.ask(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="replay", nodeID="udf1")), "init")
+        init = kapacitor.ask(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="replay", nodeID="udf1")), "init").init
         if not init.success:
             raise ReplayError(f"{spec.name} refused its options: {init.error}")
         if spec.wants == "stream":
