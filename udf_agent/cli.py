@@ -7,7 +7,8 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
@@ -15,13 +16,21 @@ from udf_agent import __version__, udf_pb2
 from udf_agent.literals import command_line_seconds
 from udf_agent.tools.describe import SOCKET_DIR, builtins_help, describe, kapacitor_conf
 
+if TYPE_CHECKING:
+    from spark_backend import SparkEngine
+    from udf_agent.api import UDFSpec
+    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.engines import Engines
+
+CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
+
 
 class DurationType(click.ParamType[float]):
     """A duration such as 500ms, 1s or 2m, in seconds."""
 
     name = "duration"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, (int, float)):
             return float(value)
         seconds = command_line_seconds(value)
@@ -37,7 +46,7 @@ class ErrorPolicyType(click.ParamType[tuple[str, "str | None"]]):
 
     name = "fail|skip|dead-letter:DIR"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str | None]:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str | None]:
         if isinstance(value, tuple):
             return value
         if value in ("fail", "skip"):
@@ -59,7 +68,7 @@ class ErrorPolicyType(click.ParamType[tuple[str, "str | None"]]):
 class ConfType(click.ParamType[tuple[str, str]]):
     name = "key=value"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, str]:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
         if isinstance(value, tuple):
             return value
         key, sep, val = value.partition("=")
@@ -68,7 +77,7 @@ class ConfType(click.ParamType[tuple[str, str]]):
         return key.strip(), val.strip()
 
 
-def _connect_url(ctx: Any, param: Any, value: str | None) -> str | None:
+def _connect_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if not value:  # an empty SPARK_REMOTE means none
         return None
     if not value.startswith("sc://"):
@@ -76,7 +85,7 @@ def _connect_url(ctx: Any, param: Any, value: str | None) -> str | None:
     return value
 
 
-def _tick_duration_ns(ctx: Any, param: Any, value: str | None) -> int | None:
+def _tick_duration_ns(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """A TICKscript duration (10s, 5m, 1h, 1d, 1w) in nanoseconds."""
     if value is None:
         return None
@@ -91,7 +100,7 @@ def _tick_duration_ns(ctx: Any, param: Any, value: str | None) -> int | None:
     return ns
 
 
-def _compute_options(function: Any) -> Any:
+def _compute_options(function: CommandFunction) -> CommandFunction:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
         click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master: the agent starts no JVM (needs the 'connect' extra). Also read from SPARK_REMOTE, as PySpark does. An unreachable server fails the task with an ErrorResponse naming it and the cause."),
@@ -115,7 +124,7 @@ def _compute_options(function: Any) -> Any:
     return function
 
 
-def _load(target: str) -> Any:
+def _load(target: str) -> UDFSpec:
     from udf_agent.targets import TargetError, resolve_target
 
     try:
@@ -126,10 +135,11 @@ def _load(target: str) -> Any:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Any:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Engines:
     from udf_agent.runtime.engines import Engines
 
 
+    # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
@@ -150,7 +160,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return engine, {name: value for name, value in options.items() if name not in engine}
 
 
-def _agent_config(agent_options: dict[str, Any]) -> Any:
+def _agent_config(agent_options: dict[str, Any]) -> AgentConfig:
     """The AgentConfig from the command-line options named after its fields."""
     from udf_agent.runtime.agent import AgentConfig
 
@@ -158,13 +168,13 @@ def _agent_config(agent_options: dict[str, Any]) -> Any:
     return AgentConfig(**agent_options, on_error=policy, dead_letter_dir=directory)
 
 
-def _on_stop_signals(stop: Any) -> None:
+def _on_stop_signals(stop: Callable[[str], None]) -> None:
     """The first SIGTERM/SIGINT calls ``stop(reason)`` (an orderly drain); a second exits at once."""
     import logging
 
     received: list[int] = []
 
-    def handle(signum: int, frame: Any) -> None:
+    def handle(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if received:
             logging.getLogger("udf_agent").warning("second %s: exiting now, without draining", name)
@@ -181,7 +191,7 @@ def _on_stop_signals(stop: Any) -> None:
 class _TargetCommand(click.Command):
     """A command taking a TARGET: its help ends with the built-ins and their options."""
 
-    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
         with formatter.section("Built-in TARGETs (or package.module:attribute for your own)"):
             for line in builtins_help():
@@ -197,7 +207,7 @@ def main() -> None:
 @main.command(cls=_TargetCommand)
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
+def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
@@ -223,7 +233,7 @@ def run(target: str, master: str, confs: Any, log_level: str, **options: Any) ->
 @click.option("--init-timeout", type=DurationType(), default="60s", show_default=True, help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: Any, log_level: str, **options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
@@ -288,7 +298,7 @@ def check(socket_path: str, timeout: float) -> None:
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="warning", show_default=True)
-def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: Any, log_level: str) -> None:
+def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: tuple[tuple[str, str], ...], log_level: str) -> None:
     """Run TARGET over line protocol, without Kapacitor, and write its output as line protocol.
 
     The points go through the real agent (session, codec, micro-batches, Spark) as
@@ -358,7 +368,7 @@ def _named_fields(calls: list[udf_pb2.Option]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _output_file(path: str, stdout_fd: int | None) -> Any:
+def _output_file(path: str, stdout_fd: int | None) -> Iterator[TextIO]:
     if stdout_fd is not None:
         with os.fdopen(stdout_fd, "w", encoding="utf-8", buffering=1 << 16) as out:
             yield out
@@ -393,7 +403,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to reach instead.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
 @click.option("--socket-dir", default=SOCKET_DIR, show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket).")
-def doctor(master: str, remote: str | None, confs: Any, socket_dir: str) -> None:
+def doctor(master: str, remote: str | None, confs: tuple[tuple[str, str], ...], socket_dir: str) -> None:
     """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
     the socket directory. One line each, OK or what to do; exit 1 if any fails."""
     from udf_agent.runtime.logs import configure_logging
@@ -401,7 +411,7 @@ def doctor(master: str, remote: str | None, confs: Any, socket_dir: str) -> None
 
     configure_logging("error")  # the checks' lines say it all
 
-    def make_spark() -> Any:
+    def make_spark() -> SparkEngine:
         from spark_backend import SparkEngine, SparkSettings
 
         return SparkEngine(SparkSettings(master=master, conf=dict(confs), remote=remote))
@@ -441,7 +451,7 @@ def list_builtins() -> None:
 SPARK_STOP_GRACE = 2.0
 
 
-def _exit(code: int, engines: Any) -> None:
+def _exit(code: int, engines: Engines) -> None:
     """Ends the process once every frame is out: Spark's JVM follows its parent down."""
     import threading
 

@@ -8,7 +8,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spark_backend import SparkEngine
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,7 @@ class Check:
     detail: str
 
 
-def run_checks(make_spark: Callable[[], Any], socket_dir: str, uses_java: bool) -> Iterator[Check]:
+def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java: bool) -> Iterator[Check]:
     """Every check in order; Spark is started only when what it needs is there."""
     yield Check("python", True, f"{sys.version.split()[0]} at {sys.executable}")
     java = check_java() if uses_java else Check("java", True, "not needed: Spark Connect computes elsewhere")
@@ -53,7 +56,7 @@ def check_libraries() -> Check:
     return Check("pyspark", True, f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
 
 
-def check_spark(make_spark: Callable[[], Any]) -> Check:
+def check_spark(make_spark: Callable[[], SparkEngine]) -> Check:
     """Starts Spark the way ``run`` does (resident workers included), times it, stops it."""
     started = time.monotonic()
     engine = make_spark()

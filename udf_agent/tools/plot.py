@@ -8,11 +8,19 @@ input series wherever it is true.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from udf_agent.tools.lineproto import LinePoint
+from udf_agent.tools.lineproto import FieldValue, LinePoint
 from udf_agent.tools.replay import OutputPoint, group_id
+
+if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
+    from numpy.typing import NDArray
+
+    # One field of one group: its times (ns) and values, in time order.
+    Series = tuple[NDArray[np.int64], NDArray[np.float64]]
 
 MAX_PANELS = 12
 MAX_SERIES = 6  # per side and panel: more lines than this are unreadable
@@ -22,7 +30,7 @@ class PlotError(Exception):
     """The plot cannot be drawn (matplotlib missing, nothing numeric to draw)."""
 
 
-def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> Any:
+def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> Figure:
     """The matplotlib Figure of a replay. ``input_fields`` limits the input series drawn
     (say the fields the UDF's options name); by default every numeric input field."""
     try:
@@ -43,19 +51,20 @@ def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[Out
     if not groups:
         raise PlotError("nothing to plot: no numeric field in the input or the output")
     shown = groups[:MAX_PANELS]
+    figure: Figure
     figure, axes = plt.subplots(len(shown), 1, figsize=(11, 2.8 * len(shown) + 0.8), squeeze=False, sharex=True)
     for axis, group in zip(axes[:, 0], shown):
-        first_input: tuple[Any, Any] | None = None
+        first_input: Series | None = None
         for field, (times, values) in sorted(series_in.get(group, {}).items())[:MAX_SERIES]:
             stamps = pd.to_datetime(times, unit="ns", utc=True)
             axis.plot(stamps, values, linewidth=1.0, label=f"in: {field}")
             first_input = first_input or (times, values)
         for field, (times, values) in sorted(series_out.get(group, {}).items())[:MAX_SERIES]:
             axis.plot(pd.to_datetime(times, unit="ns", utc=True), values, linewidth=1.4, linestyle="--", label=f"out: {field}")
-        for field, times in sorted(flags.get(group, {}).items()):
-            if first_input is not None and len(times):
-                heights = np.interp(times, first_input[0], first_input[1])
-                axis.plot(pd.to_datetime(times, unit="ns", utc=True), heights, "x", color="red", markersize=7, label=f"out: {field} = true")
+        for field, flagged in sorted(flags.get(group, {}).items()):
+            if first_input is not None and len(flagged):
+                heights = np.interp(flagged, first_input[0], first_input[1])
+                axis.plot(pd.to_datetime(flagged, unit="ns", utc=True), heights, "x", color="red", markersize=7, label=f"out: {field} = true")
         axis.set_title(f"group {group}" if group else "all points (no --group-by)", fontsize=10)
         axis.set_ylabel("field value")
         axis.grid(alpha=0.3)
@@ -68,10 +77,11 @@ def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[Out
     return figure
 
 
-def save_replay_plot(path: str, *args: Any, **kwargs: Any) -> None:
+def save_replay_plot(path: str, title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> None:
+    """Draws ``replay_figure`` into the PNG file PATH."""
     import matplotlib.pyplot as plt
 
-    figure = replay_figure(*args, **kwargs)
+    figure = replay_figure(title, inputs, outputs, group_by, input_fields)
     try:
         figure.savefig(path, dpi=100)
     except OSError as exc:
@@ -80,7 +90,7 @@ def save_replay_plot(path: str, *args: Any, **kwargs: Any) -> None:
         plt.close(figure)
 
 
-def _by_group(rows: Any, only: Sequence[str]) -> dict[str, dict[str, tuple[Any, Any]]]:
+def _by_group(rows: Iterable[tuple[str, int, Mapping[str, FieldValue]]], only: Sequence[str]) -> dict[str, dict[str, Series]]:
     """{group: {field: (times, values)}} of the numeric (not boolean) fields, in time order."""
     import numpy as np
 
@@ -92,9 +102,9 @@ def _by_group(rows: Any, only: Sequence[str]) -> dict[str, dict[str, tuple[Any, 
             times, values = collected.setdefault(group, {}).setdefault(field, ([], []))
             times.append(time)
             values.append(float(value))
-    result: dict[str, dict[str, tuple[Any, Any]]] = {}
-    for group, fields in collected.items():
-        for field, (times, values) in fields.items():
+    result: dict[str, dict[str, Series]] = {}
+    for group, series in collected.items():
+        for field, (times, values) in series.items():
             order = np.argsort(np.asarray(times), kind="stable")
             result.setdefault(group, {})[field] = (np.asarray(times)[order], np.asarray(values)[order])
     return result
