@@ -110,6 +110,19 @@ def test_bad_durations_and_conf_are_usage_errors(runner):
         assert message in result.output
 
 
+
+@pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("1.5s", 1.5), ("2m", 120.0), ("1h", 3600.0), ("500 us", 0.0005), ("10µs", 1e-5), ("7ns", 7e-9)])
+def test_command_line_durations_take_decimals_and_go_units(text, seconds):
+    from udf_agent.cli import DurationType
+
+    assert DurationType().convert(text, None, None) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["1d", "1w", "10u", "-1s", "soon"])
+def test_command_line_durations_refuse_what_tickscript_alone_takes(runner, text):
+    result = runner.invoke(main, ["run", "mirror", "--flush-interval", text])
+    assert result.exit_code == 2 and "is not a duration" in result.output
+
 def test_kapacitor_conf_prints_defaults_as_tickscript_literals(runner, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = runner.invoke(main, ["info", "tests.udfs.sample:tick_defaults", "--kapacitor-conf", "t"])

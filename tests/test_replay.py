@@ -152,6 +152,14 @@ def test_one_duration_serves_as_option_type_and_as_value():
         Duration("ten seconds")
 
 
+
+@pytest.mark.parametrize("text, written", [("1u", "1u"), ("250ms", "250ms"), ("90s", "90s"), ("2m", "2m"), ("3h", "3h"), ("1d", "24h"), ("1500ms", "1500ms")])
+def test_tickscript_durations_are_read_and_written_back(text, written):
+    from udf_agent.tools.tickscript import render_duration
+
+    assert render_duration(literal(text).durationValue) == written
+    assert literal(written).durationValue == literal(text).durationValue
+
 # --- the replay itself, on real Spark ----------------------------------------------------
 
 
