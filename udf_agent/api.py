@@ -10,14 +10,23 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from udf_agent.errors import first_line
 from udf_agent.options import Option, OptionValues, timedelta_ns
 
+if TYPE_CHECKING:  # the Info path imports this module: pandas and numpy load with the first micro-batch
+    import numpy as np
+    import pandas as pd
+
 EDGES = ("stream", "batch")
 
-History = Any  # int rows, a timedelta, or a callable(options) -> either (or None)
+# Rows, a duration (a pandas.Timedelta is a timedelta), or what the options make of either.
+HistoryWindow = int | _dt.timedelta | None
+History = HistoryWindow | Callable[[OptionValues], HistoryWindow]
+# A UDF's body: the group's rows and its context in, output rows (or None: no output) out.
+# What it returns is checked at run time, so a mistyped result gets a clear error, not a crash.
+UDFFunction = Callable[["pd.DataFrame", "Context"], Any]
 
 
 @dataclass(frozen=True)
@@ -25,7 +34,7 @@ class UDFSpec:
     """Everything the runtime needs to know about one UDF."""
 
     name: str
-    function: Callable[..., Any]
+    function: UDFFunction
     wants: str = "stream"
     provides: str = "stream"
     options: tuple[Option, ...] = ()
@@ -93,24 +102,24 @@ class Context:
     group: str
     tags: dict[str, str]
     name: str = ""
-    tmax: Any = None
-    state: dict[str, Any] = field(default_factory=dict)
+    tmax: pd.Timestamp | None = None  # batch UDFs: the batch's end
+    state: dict[str, Any] = field(default_factory=dict)  # JSON values
     history_rows: int = 0
     groups: tuple[str, ...] = ()
-    group_starts: Any = None  # numpy int64 array, len(groups) + 1 entries
+    group_starts: np.ndarray | None = None  # int64, len(groups) + 1 entries
     task_id: str = ""
     node_id: str = ""
     # Built on first use: a string per row is a cost most UDFs need not pay.
-    row_databases: Callable[[], Any] | None = field(default=None, repr=False)
-    row_retention_policies: Callable[[], Any] | None = field(default=None, repr=False)
+    row_databases: Callable[[], pd.Series] | None = field(default=None, repr=False)
+    row_retention_policies: Callable[[], pd.Series] | None = field(default=None, repr=False)
 
     @property
-    def database(self) -> Any:
+    def database(self) -> pd.Series | None:
         """Each row's database, a pandas Series aligned with the DataFrame's rows."""
         return self.row_databases() if self.row_databases is not None else None
 
     @property
-    def retention_policy(self) -> Any:
+    def retention_policy(self) -> pd.Series | None:
         """Each row's retention policy, a pandas Series aligned with the DataFrame's rows."""
         return self.row_retention_policies() if self.row_retention_policies is not None else None
 
@@ -124,11 +133,11 @@ def stream_udf(
     compute: bool = True,
     vectorized: bool = False,
     check_options: Callable[[OptionValues], str | None] | None = None,
-) -> Callable[[Callable[..., Any]], UDFSpec]:
+) -> Callable[[UDFFunction], UDFSpec]:
     """Declares a STREAM-in UDF called once per group of each micro-batch, or with
     ``vectorized=True`` once per partition of it, many groups at a time."""
 
-    def wrap(function: Callable[..., Any]) -> UDFSpec:
+    def wrap(function: UDFFunction) -> UDFSpec:
         return UDFSpec(
             name=name or function.__name__,
             function=function,
@@ -151,10 +160,10 @@ def batch_udf(
     provides: str = "batch",
     name: str | None = None,
     compute: bool = True,
-) -> Callable[[Callable[..., Any]], UDFSpec]:
+) -> Callable[[UDFFunction], UDFSpec]:
     """Declares a BATCH-in UDF called once per Kapacitor batch."""
 
-    def wrap(function: Callable[..., Any]) -> UDFSpec:
+    def wrap(function: UDFFunction) -> UDFSpec:
         return UDFSpec(
             name=name or function.__name__,
             function=function,
@@ -181,7 +190,7 @@ class UDF:
     options: Sequence[Option] = ()
     history: History = None
 
-    def process(self, df: Any, ctx: Context) -> Any:
+    def process(self, df: pd.DataFrame, ctx: Context) -> Any:
         raise NotImplementedError
 
     @classmethod
@@ -206,14 +215,14 @@ class _ClassCall:
     def __init__(self, cls: type[UDF]):
         self.cls = cls
 
-    def __call__(self, df: Any, ctx: Context) -> Any:
+    def __call__(self, df: pd.DataFrame, ctx: Context) -> Any:
         instance = _instances.get(self.cls)
         if instance is None:
             instance = _instances[self.cls] = self.cls()
         return instance.process(df, ctx)
 
 
-def as_spec(obj: Any, default_name: str = "") -> UDFSpec:
+def as_spec(obj: object, default_name: str = "") -> UDFSpec:
     """Turns what a TARGET names (a spec, or a UDF subclass) into a UDFSpec."""
     if isinstance(obj, UDFSpec):
         return obj

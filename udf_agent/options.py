@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from udf_agent import udf_pb2
+from udf_agent.literals import literal
 
 
 class Duration:
@@ -33,8 +34,6 @@ class Duration:
         elif isinstance(value, _dt.timedelta):
             self.ns = timedelta_ns(value)
         else:
-            from udf_agent.literals import literal
-
             parsed = literal(str(value))
             if parsed.type != udf_pb2.DURATION:
                 raise ValueError(f"{value!r} is not a TICKscript duration (examples: 500ms, 10s, 5m, 1h, 1d)")
@@ -57,7 +56,7 @@ def timedelta_ns(value: _dt.timedelta) -> int:
     return (value.days * 86_400 + value.seconds) * 1_000_000_000 + value.microseconds * 1_000
 
 
-_TYPE_TO_WIRE: dict[Any, udf_pb2.ValueType] = {
+_TYPE_TO_WIRE: dict[type, udf_pb2.ValueType] = {
     bool: udf_pb2.BOOL,
     int: udf_pb2.INT,
     float: udf_pb2.DOUBLE,
@@ -75,8 +74,11 @@ _VALUE_FIELD = {
 
 _REQUIRED = object()
 
-# A validator returns None (or True) when the value is fine, else False or a message.
-Validator = Callable[[Any], Any]
+# A validator takes the option's value (of any declared type) and returns None (or True) when
+# it is fine, else False or a message.
+Validator = Callable[[Any], "bool | str | None"]
+# One value type, or one for each value of an option that takes several.
+OptionType = type | Sequence[type]
 
 
 @dataclass(frozen=True)
@@ -90,12 +92,12 @@ class Option:
     """
 
     name: str
-    type: Any
-    default: Any = _REQUIRED
+    type: OptionType
+    default: Any = _REQUIRED  # a value of ``type``, or a list of them with ``multiple``
     validate: Validator | None = None
     help: str = ""
     multiple: bool = False
-    example: Any = None
+    example: Any = None  # a value of ``type``, for `info`'s TICKscript example
     value_types: tuple[udf_pb2.ValueType, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,12 +125,12 @@ class Option:
         return self.default
 
 
-def field_name(value: str) -> Any:
+def field_name(value: str) -> bool | str:
     """Validator: a field name, not empty."""
     return value.strip() != "" or "must be a field name, got an empty string"
 
 
-def positive(value: float) -> Any:
+def positive(value: float) -> bool | str:
     """Validator: greater than zero."""
     return value > 0 or f"must be > 0, got {value}"
 

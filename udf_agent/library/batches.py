@@ -4,21 +4,25 @@ TICKscript examples: docs/library.md."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from udf_agent.api import Context, batch_udf
 from udf_agent.library.frames import numeric_field
-from udf_agent.options import Duration, Option, at_least, field_name
+from udf_agent.options import Duration, Option, Validator, at_least, field_name
+
+if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
+    import numpy as np
+    import pandas as pd
 
 AGGREGATIONS = ("mean", "sum", "min", "max", "first", "last", "count")
 FILLS = ("linear", "previous", "none")
 
 
-def _one_of(choices: tuple[str, ...]) -> Any:
+def _one_of(choices: tuple[str, ...]) -> Validator:
     return lambda value: value in choices or f"must be one of {', '.join(choices)}, got {value!r}"
 
 
-def _positive_duration(value: Any) -> Any:
+def _positive_duration(value: pd.Timedelta) -> bool | str:
     return value.value > 0 or f"must be > 0, got {value}"
 
 
@@ -29,7 +33,7 @@ def _positive_duration(value: Any) -> Any:
         Option("fill", str, default="linear", validate=_one_of(FILLS), help="empty cells: linear (in time), previous, or none (left out)"),
     ]
 )
-def resample(df: Any, ctx: Context) -> Any:
+def resample(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per batch, every numeric field on a regular grid of `every`, aggregated by `agg`,
     gaps filled by `fill`."""
     import numpy as np
@@ -54,11 +58,11 @@ def resample(df: Any, ctx: Context) -> Any:
     return gridded.reset_index(drop=True).assign(time=pd.to_datetime(gridded.index, unit="ns", utc=True))
 
 
-def _unit_interval(value: float) -> Any:
+def _unit_interval(value: float) -> bool | str:
     return 0 < value <= 1 or f"must be in (0, 1], got {value}"
 
 
-def holt(values: Any, alpha: float, beta: float) -> tuple[float, float]:
+def holt(values: np.ndarray, alpha: float, beta: float) -> tuple[float, float]:
     """Holt's linear trend: the level and trend after the last value."""
     level, trend = float(values[0]), float(values[1] - values[0])
     for value in values[1:]:
@@ -77,7 +81,7 @@ def holt(values: Any, alpha: float, beta: float) -> tuple[float, float]:
         Option("as", str, default="forecast", validate=field_name, help="name of the output field"),
     ]
 )
-def forecast(df: Any, ctx: Context) -> Any:
+def forecast(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per batch, `horizon` points after its last one by Holt's linear trend of `field`, spaced
     by the batch's median spacing."""
     import numpy as np
@@ -120,7 +124,7 @@ def _pooled(summaries: list[list[float]]) -> tuple[float, float, float]:
     ],
     provides="stream",
 )
-def ttest(df: Any, ctx: Context) -> Any:
+def ttest(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per batch, Welch's t-test of `field` against the group's previous `size` batches
     pooled: one point at the batch's tmax with `t`, `pvalue` and `significant`."""
     import numpy as np

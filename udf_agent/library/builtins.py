@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from udf_agent.api import Context, UDFSpec, batch_udf, stream_udf
 from udf_agent.options import Option, at_least, field_name, positive
 
+if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
+    import pandas as pd
 
-def _echo(df: Any, ctx: Context) -> Any:
+
+def _echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Echoes every point unchanged (never starts Spark)."""
     return df
 
@@ -26,7 +29,7 @@ mirror = UDFSpec(name="mirror", function=_echo, compute=False, passthrough=True,
     history=lambda options: options["size"] - 1,
     vectorized=True,
 )
-def moving_avg(df: Any, ctx: Context) -> Any:
+def moving_avg(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, the mean of the last `size` values of `field`, for every point.
 
     A NaN in the window makes the mean NaN until it leaves the window; so does a point
@@ -41,6 +44,7 @@ def moving_avg(df: Any, ctx: Context) -> Any:
     values = numeric_field(df, options["field"])
     # Every group at once: each row's place in its group bounds its window.
     rows = np.arange(len(values))
+    assert ctx.group_starts is not None  # a vectorized UDF's call always has it
     place = places_in_groups(ctx.group_starts)
     # Each window is summed on its own, oldest value first, never as a running sum:
     # a point's result cannot depend on what came before its window, so it is the
@@ -58,7 +62,7 @@ def moving_avg(df: Any, ctx: Context) -> Any:
         Option("scale", float, default=1.5, validate=at_least(1), help="Tukey fence multiplier"),
     ]
 )
-def outliers(df: Any, ctx: Context) -> Any:
+def outliers(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per batch, the points outside the Tukey fences of `field`, unchanged."""
     options = ctx.options
     if df.empty:

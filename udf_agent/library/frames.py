@@ -3,22 +3,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
+    import numpy as np
+    import pandas as pd
 
 
-def numeric_field(df: Any, field: str) -> Any:
+def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
     """FIELD as a float64 array, NaN where a point lacks it or holds something other than a number."""
     import numpy as np
     import pandas as pd
 
     if field not in df:
         return np.full(len(df), np.nan)
-    return pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    values: np.ndarray = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    return values
 
 
-def places_in_groups(starts: Any) -> Any:
+def places_in_groups(starts: np.ndarray) -> np.ndarray:
     """Each row's index within its group, from the groups' start rows (``Context.group_starts``,
     the row count last)."""
     import numpy as np
 
-    return np.arange(starts[-1]) - np.repeat(starts[:-1], np.diff(starts))
+    places: np.ndarray = np.arange(starts[-1]) - np.repeat(starts[:-1], np.diff(starts))
+    return places

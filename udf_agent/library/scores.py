@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from udf_agent.api import Context, stream_udf
 from udf_agent.library.frames import numeric_field, places_in_groups
 from udf_agent.options import Option, OptionValues, field_name, positive
 
+if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
+    import numpy as np
+    import pandas as pd
+
 # A window this long already costs size x rows floats per micro-batch.
 MAX_WINDOW = 10_000
 
 
-def _window_size(value: int) -> Any:
+def _window_size(value: int) -> bool | str:
     return 2 <= value <= MAX_WINDOW or f"must be between 2 and {MAX_WINDOW}, got {value}"
 
 
@@ -42,7 +46,7 @@ def _one_of_alpha_or_span(options: OptionValues) -> str | None:
     ],
     check_options=_one_of_alpha_or_span,
 )
-def ewma(df: Any, ctx: Context) -> Any:
+def ewma(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, the exponentially weighted moving average of `field`, for every point.
 
     s = x for the group's first value, then s = alpha * x + (1 - alpha) * s. A point
@@ -65,7 +69,7 @@ def ewma(df: Any, ctx: Context) -> Any:
     return pd.DataFrame({ctx.options["as"]: out}, index=df.index)
 
 
-def _windows(values: Any, starts: Any, size: int) -> Any:
+def _windows(values: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     """Row i's window: the last SIZE values of its group up to and including row i, as one
     row of a (rows, size) array, NaN where the group has fewer rows before i."""
     import numpy as np
@@ -89,7 +93,7 @@ def _score_options(name: str, threshold: float) -> list[Option]:
     ]
 
 
-def _scored(df: Any, ctx: Context, scores: Any) -> Any:
+def _scored(df: pd.DataFrame, ctx: Context, scores: np.ndarray) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
@@ -99,8 +103,9 @@ def _scored(df: Any, ctx: Context, scores: Any) -> Any:
     return pd.DataFrame({options["as"]: scores, options["anomaly"]: anomalous}, index=df.index)
 
 
-def _past_and_present(df: Any, ctx: Context) -> tuple[Any, Any]:
+def _past_and_present(df: pd.DataFrame, ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     """Each row's earlier ``size`` values of its group (rows, size), and its own value."""
+    assert ctx.group_starts is not None  # a vectorized UDF's call always has it
     windows = _windows(numeric_field(df, ctx.options["field"]), ctx.group_starts, ctx.options["size"] + 1)
     return windows[:, :-1], windows[:, -1]
 
@@ -108,7 +113,7 @@ def _past_and_present(df: Any, ctx: Context) -> tuple[Any, Any]:
 # The point itself stays out of its window: with it, |z| can never exceed (n - 1) / sqrt(n)
 # (2.85 for 10 points), and an outlier would widen the very spread it is measured by.
 @stream_udf(options=_score_options("zscore", 3.0), history=lambda options: options["size"], vectorized=True)
-def zscore(df: Any, ctx: Context) -> Any:
+def zscore(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, each point's z-score against the `size` values of `field` before it:
     (x - mean) / sample standard deviation, and whether |z| > threshold."""
     import numpy as np
@@ -128,7 +133,7 @@ MAD_SCALE = 0.6745
 
 
 @stream_udf(options=_score_options("mad", 3.5), history=lambda options: options["size"], vectorized=True)
-def mad(df: Any, ctx: Context) -> Any:
+def mad(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, each point's robust score against the `size` values of `field` before it:
     0.6745 (x - median) / MAD, and whether |score| > threshold."""
     import numpy as np
