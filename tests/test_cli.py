@@ -58,6 +58,12 @@ def test_kapacitor_conf_for_a_builtin(runner):
     assert lines[lines.index("# [udf.functions.movingAvg]") + 1] == '#   socket = "/var/run/udf-agent/movingAvg.sock"'
 
 
+def test_kapacitor_conf_writes_a_duration_default_as_a_tickscript_duration(runner):
+    result = runner.invoke(main, ["info", "resample", "--kapacitor-conf", "resample"])
+    assert result.exit_code == 0, result.output
+    assert "@resample().every(1m)" in result.output and "Duration(" not in result.output
+
+
 def test_kapacitor_conf_names_the_installed_console_script():
     script = os.path.join(os.path.dirname(sys.executable), "udf-agent")
     if not os.path.exists(script):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from udf_agent import udf_pb2
 from udf_agent.literals import DURATION_UNITS, TickError, literal
-from udf_agent.options import Option, timedelta_ns
+from udf_agent.options import Duration, Option, timedelta_ns
 
 __all__ = ["TickError", "check_call", "literal", "parse_call", "render_arguments", "render_duration", "render_example", "render_literal"]
 
@@ -92,6 +92,8 @@ def render_literal(value: object, wire_type: int) -> str:
         return "'" + value.replace("'", "\\'") + "'"
     if isinstance(value, datetime.timedelta):
         return render_duration(timedelta_ns(value))
+    if isinstance(value, Duration):
+        return render_duration(value.ns)
     if isinstance(value, int) and wire_type == udf_pb2.DURATION:
         return render_duration(value)
     if isinstance(value, float):
