@@ -34,12 +34,15 @@ from spark_backend.resident import ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec
-from udf_agent.compute.run import RESULT_COLUMNS, RESULT_DDL, RESULT_SCHEMA, Job, run_partition
+from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_ddl
+from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
 
 log = logging.getLogger(__name__)
 
-TASK_DDL = "seq long, key string, meta string, data binary, history binary, state string"
+# What a Spark job per micro-batch declares: the compute contract's own schemas.
+TASK_DDL = spark_ddl(TASK_SCHEMA)
+RESULT_DDL = spark_ddl(RESULT_SCHEMA)
 
 # How often the log says how long Spark has been starting.
 START_REPORT_INTERVAL = 5.0
@@ -126,7 +129,7 @@ class SparkEngine:
         results = results.sort_values("seq", kind="stable").reset_index(drop=True)
         for column in ("output", "history"):
             results[column] = [bytes(v) if v is not None else None for v in results[column]]
-        return pa.Table.from_pandas(results[list(RESULT_COLUMNS)], schema=RESULT_SCHEMA, preserve_index=False)
+        return pa.Table.from_pandas(results[RESULT_SCHEMA.names], schema=RESULT_SCHEMA, preserve_index=False)
 
     def stop(self) -> None:
         if self._resident is not None:

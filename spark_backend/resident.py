@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, TASKS, WELCOME, receive_message, send_message
 from spark_backend.resident_worker import serve_slot
-from udf_agent.compute.run import Job
+from udf_agent.compute.contract import Job
 from udf_agent.errors import first_line
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 

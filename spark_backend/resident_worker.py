@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import pandas as pd
 
 from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, RESULT, WELCOME, receive_message, send_message
-from udf_agent.compute.run import Job, compute_tasks
+from udf_agent.compute.contract import Job
+from udf_agent.compute.run import compute_tasks
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
 

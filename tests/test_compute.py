@@ -1,6 +1,5 @@
 """Micro-batches computed on a real SparkSession, checked against plain pandas."""
 
-import json
 import random
 import time
 
@@ -10,8 +9,8 @@ import pytest
 from udfs import sample
 
 from udf_agent import udf_pb2
+from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, Task, spark_ddl, tasks_table
 from udf_agent.compute.engine import LocalEngine
-from udf_agent.compute.run import Job, tasks_from_rows
 from udf_agent.library.builtins import moving_avg, outliers
 from udf_agent.runtime.agent import AgentConfig
 from udf_agent.runtime.engines import Engines
@@ -28,13 +27,12 @@ def decode(output: bytes):
     return FrameDecoder(udf_pb2.Response).feed(output)
 
 
-def stream_tasks(points, window=None):
+def stream_tasks(points):
     batch = StreamMicroBatch(opened_at=0)
     for point in points:
         batch.append(point.group, point.SerializeToString())
-    meta = json.dumps({"history": window})
     grouped = batch.grouped()
-    return tasks_from_rows([(seq, group, meta, grouped.points(seq), None, None) for seq, group in enumerate(grouped.keys)])
+    return tasks_table([Task(seq, group, grouped.points(seq), None, None) for seq, group in enumerate(grouped.keys)])
 
 
 def rich_points(count=60):
@@ -71,6 +69,30 @@ def any_spark_engine(request, spark_engine, spark_jobs_engine):
     return spark_engine if request.param == "resident" else spark_jobs_engine
 
 
+def test_the_spark_ddl_is_derived_from_the_contract_schemas():
+    assert spark_ddl(RESULT_SCHEMA) == "seq long, key string, output binary, history binary, state string, error string, emitted long"
+    assert spark_ddl(TASK_SCHEMA) == (
+        "seq long, key string, data binary, history binary, state string, batch_name string, "
+        "batch_tag_keys array<string>, batch_tag_values array<string>, batch_tmax long, batch_by_name boolean"
+    )
+
+
+def test_a_kapacitor_batch_task_keeps_its_name_tags_and_tmax_on_spark(any_spark_engine):
+    batch = KapacitorBatch(udf_pb2.BeginBatch(name="cpu", group="host=a", tags={"host": "a", "dc": "x"}, byName=True))
+    for i, value in enumerate(TUKEY_VALUES):
+        batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}).SerializeToString())
+    task = Task(0, "host=a", batch.rows.encoded(), None, None, batch_name="cpu", batch_tag_keys=["host", "dc"],
+                batch_tag_values=["a", "x"], batch_tmax=99, batch_by_name=True)
+    job = Job(outliers, {"field": "value", "scale": 1.5})
+    (result,) = any_spark_engine.run(job, tasks_table([task])).to_pandas().itertuples()
+    assert result.error is None, result.error
+    (local,) = LocalEngine().run(job, tasks_table([task])).to_pandas().itertuples()
+    assert decode(result.output) == decode(local.output)
+    begin, *points, end = decode(result.output)
+    assert (begin.begin.name, dict(begin.begin.tags), begin.begin.byName) == ("cpu", {"host": "a", "dc": "x"}, True)
+    assert (end.end.tmax, len(points)) == (99, 5)
+
+
 def test_spark_and_pandas_give_identical_results(any_spark_engine):
     spark_engine = any_spark_engine
     points = rich_points()
@@ -79,7 +101,8 @@ def test_spark_and_pandas_give_identical_results(any_spark_engine):
         (moving_avg, {"field": "i", "size": 4, "as": "avg"}, {"rows": 3}),
     ):
         job = Job(spec, options)
-        tasks = stream_tasks(points, window)
+        assert job.history_window == window
+        tasks = stream_tasks(points)
         on_spark = spark_engine.run(job, tasks).to_pandas()
         in_pandas = LocalEngine().run(job, tasks).to_pandas()
         assert on_spark["error"].isna().all(), on_spark["error"].dropna().tolist()
@@ -219,8 +242,7 @@ def test_outliers_scale_is_applied():
     batch = KapacitorBatch(udf_pb2.BeginBatch(name="m"))
     for i, value in enumerate(TUKEY_VALUES):
         batch.rows.append(udf_pb2.Point(time=i, fieldsDouble={"value": float(value)}).SerializeToString())
-    meta = json.dumps({"name": "m", "tags": {}, "tmax": 1, "by_name": False})
-    tasks = tasks_from_rows([(0, "", meta, batch.rows.encoded(), None, None)])
+    tasks = tasks_table([Task(0, "", batch.rows.encoded(), None, None, batch_name="m", batch_tag_keys=[], batch_tag_values=[], batch_tmax=1, batch_by_name=False)])
     counts = []
     for scale in (1.0, 1.5, 3.0):
         (result,) = LocalEngine().run(Job(outliers, {"field": "value", "scale": scale}), tasks).to_pandas().itertuples()
@@ -252,7 +274,7 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
 
 
 def test_tag_named_like_a_field_is_shown_with_a_prefix():
-    from udf_agent.compute.run import user_frame
+    from udf_agent.compute.frame import user_frame
     from udf_agent.wire.columns import decode_points
 
     point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
@@ -468,7 +490,7 @@ def test_moving_avg_turns_non_finite_and_missing_values_into_nan_and_never_fails
             elif value is not None:
                 point.fieldsDouble["v"] = value
             points.append(point)
-    results = LocalEngine().run(Job(moving_avg, {"field": "v", "size": 2, "as": "avg"}), stream_tasks(points, {"rows": 1})).to_pandas()
+    results = LocalEngine().run(Job(moving_avg, {"field": "v", "size": 2, "as": "avg"}), stream_tasks(points)).to_pandas()
     assert results["error"].isna().all(), results["error"].dropna().tolist()
     got = {key: [r.point.fieldsDouble["avg"] for r in decode(output)] for key, output in zip(results["key"], results["output"])}
     spoiled = [1.0, nan, nan, 3.5, 4.5]

@@ -116,7 +116,7 @@ def test_a_udf_module_outside_site_packages_travels_inside_the_pickled_job(tmp_p
     from pyspark import cloudpickle
 
     from spark_backend.engine import ship_by_value
-    from udf_agent.compute.run import Job
+    from udf_agent.compute.contract import Job
     from udf_agent.targets import resolve_target
 
     (tmp_path / "travelling_udfs.py").write_text(

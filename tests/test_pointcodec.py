@@ -14,7 +14,8 @@ import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.api import Context
-from udf_agent.compute.run import Layout, output_points
+from udf_agent.compute.frame import Layout
+from udf_agent.compute.results import output_points
 from udf_agent.options import OptionValues
 from udf_agent.wire import pointcodec
 from udf_agent.wire.batches import GroupRows

@@ -12,8 +12,8 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import WorkerLost, _split
+from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
-from udf_agent.compute.run import Job
 from udf_agent.library.builtins import moving_avg
 
 pytestmark = pytest.mark.spark
@@ -37,7 +37,8 @@ def test_a_micro_batch_split_across_workers_equals_the_local_result(spark_engine
     # Enough bytes that the micro-batch is split between both workers.
     points = rich_points(40_000)
     job = Job(moving_avg, {"field": "i", "size": 5, "as": "avg"})
-    tasks = stream_tasks(points, {"rows": 4})
+    assert job.history_window == {"rows": 4}
+    tasks = stream_tasks(points)
     assert len(_split(tasks, 2)) == 2
     on_spark = spark_engine.run(job, tasks).to_pandas()
     local = LocalEngine().run(job, tasks).to_pandas()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch is computed
     import pyarrow as pa
 
-    from udf_agent.compute.run import Job
+    from udf_agent.compute.contract import Job
 
 
 class EngineStartError(RuntimeError):

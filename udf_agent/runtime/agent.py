@@ -33,7 +33,7 @@ from udf_agent.wire.grouped import prefixed_ends
 from udf_agent.wire.guard import error_frame, keepalive_frame
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
-    from udf_agent.compute.run import Job
+    from udf_agent.compute.contract import Job
     from udf_agent.options import OptionValues
 
 log = logging.getLogger(__name__)
@@ -457,7 +457,7 @@ class Agent:
     def _compute(self, item: Compute) -> None:
         spec, _ = self._loaded()
         if self._job is None:
-            from udf_agent.compute.run import Job
+            from udf_agent.compute.contract import Job
 
             assert self._options is not None  # points are refused before a successful Init
             self._job = Job(spec, self._options.raw(), *self._task)
@@ -466,7 +466,7 @@ class Agent:
         batch = item.batch
         grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
         if grouped is not None:
-            task_tables = stream_task_slices(grouped, self.groups, spec.history_window(self._job.option_values()))
+            task_tables = stream_task_slices(grouped, self.groups)
         else:
             assert isinstance(batch, BatchMicroBatch)
             task_tables = batch_task_runs(batch, self.groups)
