@@ -1,9 +1,8 @@
 """Where tasks run: the small interface every compute engine implements.
 
 An engine takes the tasks of one micro-batch (an Arrow table of
-``compute.TASK_SCHEMA``) and returns one result row per task, an Arrow table of
-``compute.RESULT_SCHEMA``
-(``compute.RESULT_COLUMNS``), in task order. ``start`` returns at once:
+``compute.contract.TASK_SCHEMA``) and returns one result row per task, an Arrow table of
+``compute.contract.RESULT_SCHEMA``, in task order. ``start`` returns at once:
 engines warm up in the background while the agent keeps answering Kapacitor.
 Nothing heavy is imported here, so the Info path stays fast.
 """
@@ -24,7 +23,9 @@ class EngineStartError(RuntimeError):
 
 
 class Engine(Protocol):
-    name: str  # where its micro-batches are computed, for the logs
+    @property
+    def name(self) -> str:
+        """Where its micro-batches are computed, for the logs."""
 
     def start(self) -> None: ...
 
@@ -32,7 +33,7 @@ class Engine(Protocol):
         """Whether ``run`` would start at once (not wait for the engine to start)."""
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
-        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+        """Tasks of ``compute.contract.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
 
     def stop(self) -> None: ...
 

@@ -29,11 +29,14 @@ from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
-from udf_agent.wire.grouped import prefixed_ends
+from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
 from udf_agent.wire.guard import error_frame, keepalive_frame
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
+    import pyarrow as pa
+
     from udf_agent.compute.contract import Job
+    from udf_agent.compute.engine import Engine
     from udf_agent.options import OptionValues
 
 log = logging.getLogger(__name__)
@@ -461,6 +464,7 @@ class Agent:
 
             assert self._options is not None  # points are refused before a successful Init
             self._job = Job(spec, self._options.raw(), *self._task)
+        job = self._job
         from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
 
         batch = item.batch
@@ -476,7 +480,7 @@ class Agent:
         done = _Computed()
         try:
             for tasks in task_tables:
-                if not self._compute_slice(spec.name, engine, tasks, grouped, done) or self._abandoned:
+                if not self._compute_slice(job, engine, tasks, grouped, done) or self._abandoned:
                     break
         finally:
             self._computing = 0
@@ -497,11 +501,11 @@ class Agent:
             batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
         )
 
-    def _compute_slice(self, udf_name: str, engine: Any, tasks: Any, grouped: Any, done: _Computed) -> bool:
+    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
         try:
-            results = engine.run(self._job, tasks)
+            results = engine.run(job, tasks)
         except Exception as exc:
             if isinstance(exc, EngineStartError):
                 log.error("compute engine failed: %s", exc)
@@ -512,7 +516,7 @@ class Agent:
             message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
             if self.config.on_error == "fail":
                 raise UDFError(message) from exc
-            self._set_aside(udf_name, message, data, points)
+            self._set_aside(job.spec.name, message, data, points)
             done.set_aside = True
             return True
         if self._abandoned:
@@ -527,7 +531,7 @@ class Agent:
             data = tasks.column("data").to_pylist()
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
             points = sum(_points_in(tasks, grouped, data, bad))
-            self._set_aside(udf_name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
+            self._set_aside(job.spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
             outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
             done.set_aside = True
             bad = []
@@ -584,7 +588,7 @@ class Agent:
             self.writer.send(frame)
 
 
-def _points_in(tasks: Any, grouped: Any, data: list[bytes], rows: Sequence[int]) -> list[int]:
+def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes], rows: Sequence[int]) -> list[int]:
     """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
     if grouped is not None:
         first = tasks.column("seq")[0].as_py()  # a stream slice: its groups' counts are known
