@@ -97,10 +97,13 @@ def _baseline_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
 def _project_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.library.builtins import BUILTINS
+    from udf_agent.runtime.agent import AgentConfig
     from udf_agent.runtime.engines import Engines
     from udf_agent.testing import InProcessAgent, option
 
-    agent = InProcessAgent(BUILTINS["moving_avg"], Engines(LocalEngine))
+    # A fresh clone compiles the numba kernels on the first micro-batch (10-20 s on a loaded
+    # machine): the default 5 s drain after EOF would drop the output this test compares.
+    agent = InProcessAgent(BUILTINS["moving_avg"], Engines(LocalEngine), AgentConfig(drain_timeout=120))
     assert agent.driver.init(*(option(name, value) for name, value in MOVING_AVG_OPTIONS)).success
     agent.driver.send_raw(frames)
     assert agent.finish(timeout=60) == 0
