@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
-from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, TASKS, WELCOME, receive_message, send_message
+from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, TASKS, WELCOME, JobCache, receive_message, send_message
 from spark_backend.resident_worker import serve_slot
 from udf_agent.compute.contract import Job
 from udf_agent.errors import first_line
@@ -66,7 +66,7 @@ class _Worker:
     sock: socket.socket
     slot: int
     pid: int
-    jobs: set[bytes] = field(default_factory=set)
+    jobs: JobCache[None] = field(default_factory=JobCache)
 
     def __str__(self) -> str:
         return f"resident worker {self.slot} (pid {self.pid})"
@@ -141,7 +141,7 @@ class ResidentWorkers:
         for worker in used:
             kind, payload = self._exchange(worker, deadline, functools.partial(_next_message, worker))
             if kind == FAILURE:
-                raise RuntimeError(f"{worker} failed outside the UDF:\n{payload.decode(errors='replace')}")
+                raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
             results.append(ipc_to_table(payload))
         # Parts are consecutive runs of tasks, each answered in task order.
         return pa.concat_tables(results) if len(results) > 1 else results[0]
@@ -149,7 +149,8 @@ class ResidentWorkers:
     def _send_tasks(self, worker: _Worker, key: bytes, pickled: bytes, payload: pa.Buffer) -> None:
         if key not in worker.jobs:
             send_message(worker.sock, JOB, key, pickled)
-            worker.jobs.add(key)
+            worker.jobs.add(key, None)
+        worker.jobs.use(key)  # as the worker will on reading TASKS: the two caches stay alike
         send_message(worker.sock, TASKS, key, payload)
 
     def _exchange(self, worker: _Worker, deadline: float, action: Callable[[], T]) -> T:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import TYPE_CHECKING
+import traceback
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -22,6 +24,52 @@ JOB_KEY_BYTES = 16
 
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).
 KEPT_JOBS = 64
+
+# Frames of a worker's traceback told in its FAILURE message's first line.
+FAILURE_FRAMES = 3
+
+Value = TypeVar("Value")
+
+
+class JobCache(Generic[Value]):
+    """The jobs a worker holds, least recently used first, at most ``KEPT_JOBS``.
+
+    The agent keeps one per worker (keys only) and the worker the same (unpickled jobs):
+    both apply the same operations, JOB adds and TASKS uses, in the order the one
+    connection carries them, so the agent knows without asking which jobs the worker
+    still holds and sends a job again once the worker has let it go."""
+
+    def __init__(self, capacity: int = KEPT_JOBS):
+        self.capacity = capacity
+        self._entries: OrderedDict[bytes, Value] = OrderedDict()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, key: bytes, value: Value) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def use(self, key: bytes) -> Value:
+        """The job for a TASKS message (KeyError if it was never sent or was let go)."""
+        value = self._entries[key]
+        self._entries.move_to_end(key)
+        return value
+
+
+def describe_failure(error: BaseException) -> str:
+    """A worker's failure for the agent: the exception and where it was raised on the
+    first line (what an ErrorResponse carries), the whole traceback after it."""
+    frames = traceback.extract_tb(error.__traceback__)[-FAILURE_FRAMES:]
+    where = " <- ".join(f"{frame.name} ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})" for frame in reversed(frames))
+    cause = "".join(traceback.format_exception_only(type(error), error)).strip().replace("\n", " ")
+    whole = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return f"{cause} in {where}\n{whole}" if where else f"{cause}\n{whole}"
 
 
 def send_message(sock: socket.socket, kind: int, *parts: bytes | bytearray | memoryview | pa.Buffer) -> None:

@@ -11,13 +11,11 @@ import json
 import os
 import pickle
 import socket
-import traceback
-from collections import OrderedDict
 from collections.abc import Iterator
 
 import pandas as pd
 
-from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, RESULT, WELCOME, receive_message, send_message
+from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, RESULT, WELCOME, JobCache, describe_failure, receive_message, send_message
 from udf_agent.compute.contract import Job
 from udf_agent.compute.run import compute_tasks
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
@@ -36,21 +34,19 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
         welcome = receive_message(sock)
         if welcome is None or welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
             raise ConnectionError("the agent did not answer with this task's token")
-        jobs: OrderedDict[bytes, Job] = OrderedDict()
+        jobs: JobCache[Job] = JobCache()
         while (message := receive_message(sock)) is not None:
             kind, payload = message
             key, body = bytes(payload[:JOB_KEY_BYTES]), memoryview(payload)[JOB_KEY_BYTES:]
             if kind == JOB:
                 # Sent by the agent that launched this task, over the channel the token
                 # authenticated: the same trust as Spark's own pickled UDFs.
-                jobs[key] = pickle.loads(body)
-                while len(jobs) > KEPT_JOBS:
-                    jobs.popitem(last=False)
+                jobs.add(key, pickle.loads(body))
                 continue
             try:
-                reply = table_to_ipc_buffer(compute_tasks(jobs[key], ipc_to_table(body)))
-            except Exception:
-                send_message(sock, FAILURE, traceback.format_exc().encode())
+                reply = table_to_ipc_buffer(compute_tasks(jobs.use(key), ipc_to_table(body)))
+            except Exception as exc:
+                send_message(sock, FAILURE, describe_failure(exc).encode())
             else:
                 send_message(sock, RESULT, reply)
             served += 1

@@ -12,8 +12,10 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import WorkerLost, _split
+from spark_backend.resident_protocol import KEPT_JOBS, JobCache, describe_failure
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
+from udf_agent.errors import first_line
 from udf_agent.library.builtins import moving_avg
 
 pytestmark = pytest.mark.spark
@@ -92,3 +94,58 @@ def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(s
     # Fresh workers are up for the next micro-batch.
     assert resident.launches == launches + 2
     assert spark_engine.run(Job(sample.passthrough, {}), tasks).to_pandas()["error"].isna().all()
+
+
+def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engine):
+    # More distinct jobs than a worker keeps (KEPT_JOBS) between two micro-batches of the
+    # first job: the agent's view of each worker's jobs follows the worker's own cache.
+    first = Job(moving_avg, {"field": "i", "size": 2, "as": "first"})
+    tasks = stream_tasks(rich_points(8))
+    expected = LocalEngine().run(first, tasks).to_pandas()
+    assert spark_engine.run(first, tasks).to_pandas()["error"].isna().all()
+    for n in range(KEPT_JOBS + 6):
+        other = Job(moving_avg, {"field": "i", "size": 2, "as": f"other{n}"})
+        assert spark_engine.run(other, tasks).to_pandas()["error"].isna().all()
+    again = spark_engine.run(first, tasks).to_pandas()
+    assert again["error"].isna().all(), again["error"].dropna().tolist()
+    assert [decode(o) for o in again["output"]] == [decode(o) for o in expected["output"]]
+    for worker in spark_engine.resident._workers:
+        assert len(worker.jobs) <= KEPT_JOBS
+
+
+def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):
+    resident = spark_engine.resident
+    broken = stream_tasks(rich_points(8)).drop_columns(["history"])  # not the contract's table
+    with pytest.raises(RuntimeError) as failure:
+        resident.run(Job(moving_avg, {"field": "i", "size": 2, "as": "avg"}), broken)
+    headline = first_line(failure.value)
+    assert "failed outside the UDF: KeyError" in headline and "history" in headline, headline
+    assert " in " in headline and ".py:" in headline, headline  # where it was raised
+    assert "Traceback (most recent call last)" in str(failure.value)  # the whole of it follows
+    # The workers are fine: the next micro-batch computes.
+    assert spark_engine.run(Job(sample.passthrough, {}), stream_tasks(rich_points(8))).to_pandas()["error"].isna().all()
+
+
+def test_describe_failure_puts_the_exception_and_its_last_frames_on_the_first_line():
+    def inner() -> None:
+        raise ValueError("bad\nsecond line")
+
+    try:
+        inner()
+    except ValueError as exc:
+        text = describe_failure(exc)
+    headline, rest = text.split("\n", 1)
+    assert headline.startswith("ValueError: bad second line in inner (test_resident.py:")
+    assert "<- test_describe_failure" in headline
+    assert rest.startswith("Traceback (most recent call last)")
+
+
+def test_job_cache_forgets_the_least_recently_used():
+    cache: JobCache[int] = JobCache(capacity=2)
+    cache.add(b"a", 1)
+    cache.add(b"b", 2)
+    assert cache.use(b"a") == 1  # a is now the most recently used
+    cache.add(b"c", 3)
+    assert b"a" in cache and b"c" in cache and b"b" not in cache
+    with pytest.raises(KeyError):
+        cache.use(b"b")

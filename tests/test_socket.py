@@ -852,3 +852,29 @@ def test_check_says_ok_for_a_live_socket_udf_and_one_line_why_not_otherwise(serv
         stuck = subprocess.run([*check, silent_path, "--timeout", "1s"], capture_output=True, text=True, timeout=60)
         assert time.monotonic() - started < 5
     assert stuck.returncode == 1 and "no info answer within the timeout" in stuck.stderr, stuck.stderr
+
+
+@pytest.mark.spark
+def test_a_task_outlives_150_others_coming_and_going_and_keeps_its_history(servers, sock_dir):
+    # Each passing task has its own options, so its own job on the resident workers: far
+    # more than a worker keeps, so the long-lived task's job is let go and must be sent again.
+    path = os.path.join(sock_dir, "long.sock")
+    server = servers.start(path, "moving_avg", "--master", "local[2]", "--no-local-while-starting")
+    long_lived = SocketDriver.connect(path)
+    assert long_lived.init(option("field", "value"), option("size", 3), timeout=120).success
+    for t in range(2):
+        long_lived.send(udf_pb2.Request(point=grouped_point(T0 + t * SECOND, "a", float(t))))
+    long_lived.responses.wait_for("point", 2, timeout=120)
+    for n in range(150):
+        passing = SocketDriver.connect(path)
+        assert passing.init(option("field", "value"), option("size", 2), option("as", f"avg{n}"), timeout=30).success
+        passing.send(udf_pb2.Request(point=grouped_point(T0, "b", 1.0)))
+        (point,) = passing.responses.wait_for("point", 1, timeout=30)
+        assert point.fieldsDouble[f"avg{n}"] == 1.0
+        passing.close(timeout=30)
+        assert_no_error(passing, f"passing task {n}")
+    long_lived.send(udf_pb2.Request(point=grouped_point(T0 + 2 * SECOND, "a", 5.0)))
+    points = long_lived.responses.wait_for("point", 3, timeout=60)
+    assert_no_error(long_lived, "the long-lived task")
+    assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 2.0], server.log()  # (0 + 1 + 5) / 3: history kept
+    long_lived.close(timeout=30)
