@@ -1,11 +1,46 @@
 import os
+import signal
 import sys
+import tempfile
 
 import pytest
 
 from udf_agent.testing import KapacitorDriver
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_servers_directory():
+    """The shared Spark servers that ``udf-agent run`` tasks start live in a directory of
+    this test session's, and are stopped with it (a user's own are never touched)."""
+    directory = tempfile.mkdtemp(prefix="udf-agent-shared-")
+    os.environ["UDF_AGENT_SHARED_DIR"] = directory
+    # Tests of the agent run it in the task's own process; test_shared.py and the
+    # Kapacitor harness run tasks the default way, through the shared server.
+    os.environ["UDF_AGENT_OWN_SPARK"] = "1"
+    yield directory
+    for pid in shared_server_pids(directory):
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the server leads its own session, its JVM included
+        except ProcessLookupError:
+            pass
+
+
+def shared_server_pids(directory):
+    """The live shared servers listening in ``directory``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"shared-server" in argv and any(arg.startswith(os.fsencode(directory) + b"/") for arg in argv):
+            pids.append(int(entry))
+    return pids
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,10 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 import click
 
@@ -19,8 +20,9 @@ from udf_agent.tools.describe import SOCKET_DIR, builtins_help, describe, kapaci
 if TYPE_CHECKING:
     from spark_backend import SparkEngine
     from udf_agent.api import UDFSpec
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.transports import SocketConnection
 
 CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
 
@@ -207,8 +209,18 @@ def main() -> None:
 @main.command(cls=_TargetCommand)
 @click.argument("target")
 @_compute_options
-def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, **options: Any) -> None:
-    """Serve TARGET to Kapacitor over stdin/stdout (a process UDF)."""
+@click.option("--own-spark", is_flag=True, envvar="UDF_AGENT_OWN_SPARK", help="Also set by UDF_AGENT_OWN_SPARK=1. Compute in this process on its own Spark (1.2 GB a task with the embedded Spark), instead of on the one shared Spark server of this host, which the first task starts and which every task with the same install and Spark settings then shares (see 'udf-agent shared-server --help').")
+@click.option("--shared-idle-exit", type=DurationType(), default="10m", show_default=True, help="A shared Spark server this task starts exits after serving no task for this long.")
+def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, own_spark: bool, shared_idle_exit: float, **options: Any) -> None:
+    """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
+
+    By default the task computes on this host's shared Spark server, started on first use
+    (this process then only relays Kapacitor's bytes, about 20 MB); --own-spark keeps the
+    task in its own process with its own Spark."""
+    engine_options, agent_options = _split_options(options)
+    if not own_spark:
+        settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
+        _relay(target, settings, shared_idle_exit, agent_options, log_level)
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
@@ -216,7 +228,6 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
     configure_logging(log_level)
-    engine_options, agent_options = _split_options(options)
     engines = _engines(master, confs, **engine_options)
     agent = Agent(None, connection, engines, _agent_config(agent_options))
     _on_stop_signals(agent.stop_reading)
@@ -224,6 +235,32 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     agent.start_reading()
     code = agent.run(_load(target))
     _exit(code, engines)
+
+
+def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str) -> NoReturn:
+    """The task as a relay to the shared Spark server (started if none is up); exits."""
+    import logging
+
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.relay import Relay
+    from udf_agent.runtime.shared import SharedServerError, join, locate
+    from udf_agent.runtime.transports import claim_stdio_fds
+    from udf_agent.wire.guard import error_frame
+
+    read_fd, write_fd = claim_stdio_fds()
+    configure_logging(log_level)
+    log = logging.getLogger("udf_agent")
+    try:
+        welcome = join(locate(settings), settings, idle_exit, target, agent_options)
+    except SharedServerError as exc:
+        log.error("%s", exc)
+        os.write(write_fd, error_frame(f"udf-agent: {exc}"))
+        sys.stderr.flush()
+        os._exit(1)
+    log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
+    code = Relay(welcome, read_fd, write_fd).run()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @main.command(cls=_TargetCommand)
@@ -267,6 +304,103 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     engines.warm_up(spec)
     server.serve_forever()
     _exit(0, engines)
+
+
+@main.command(name="shared-server")
+@click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on (mode 0600).")
+@click.option("--settings", "settings_json", required=True, help="The Spark settings, as JSON: 'master', 'confs' and the engine options of 'run'.")
+@click.option("--idle-exit", type=DurationType(), default="10m", show_default=True, help="Exit after serving no task for this long.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True)
+def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str) -> None:
+    """The host's shared Spark server, which 'run' starts on first use: not normally run by hand.
+
+    Every process UDF ('udf-agent run', unless --own-spark) with the same install and Spark
+    settings relays its task here; the tasks share one Spark and its resident workers. It
+    listens in a directory only its user may enter ($UDF_AGENT_SHARED_DIR, else
+    $XDG_RUNTIME_DIR/udf-agent, else /tmp/udf-agent-UID), logs to the .log file beside
+    its socket, and exits after --idle-exit with no task."""
+    import json
+
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
+
+    try:
+        settings = json.loads(settings_json)
+        engines = _engines(settings.pop("master"), tuple((key, value) for key, value in settings.pop("confs")), **settings)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise click.BadParameter(f"not the settings 'run' passes: {exc}", param_hint="--settings") from None
+    configure_logging(log_level)
+    server = UnixSocketServer(
+        socket_path,
+        _SharedSessions(engines, os.path.splitext(os.path.abspath(socket_path))[0] + ".log"),
+        mode=0o600,
+        max_connections=max_connections,
+        idle_exit=idle_exit,
+    )
+    try:
+        server.bind()
+    except SocketServerError as exc:
+        raise click.ClickException(str(exc)) from None
+    _on_stop_signals(server.shutdown)
+    engines.warm_up_spark()  # the first task's Init finds it warm
+    server.serve_forever()
+    _exit(0, engines)
+
+
+class _SharedSessions:
+    """The shared server's sessions: each connection names its target and options first."""
+
+    def __init__(self, engines: Engines, log_path: str):
+        self._engines = engines
+        self._log_path = log_path
+        self._specs: dict[str, tuple[UDFSpec, float | None]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, connection: SocketConnection) -> Agent:
+        import json
+
+        from udf_agent.runtime.agent import Agent
+        from udf_agent.runtime.shared import answer_line, read_line
+        from udf_agent.runtime.socket_server import SessionRefused
+
+        line = read_line(connection.read)
+        if line is None:
+            raise SessionRefused("the connection closed before its handshake")
+        try:
+            hello = json.loads(line)
+            spec = self._spec(str(hello["target"]))
+            config = _agent_config(dict(hello["agent"]))
+        except (click.ClickException, ValueError, KeyError, TypeError) as exc:
+            message = exc.format_message() if isinstance(exc, click.ClickException) else f"not a task's handshake: {exc!r}"
+            connection.write(answer_line({"error": message}))
+            raise SessionRefused(message) from None
+        connection.write(answer_line({"pid": os.getpid(), "log": self._log_path}))
+        return Agent(spec, connection, self._engines, config)
+
+    def _spec(self, target: str) -> UDFSpec:
+        """The target's UDF; a module of the user's changed on disk since is imported afresh,
+        so a task redefined after an edit runs the new code (tasks already running keep theirs)."""
+        with self._lock:
+            cached = self._specs.get(target)
+            if cached is not None and cached[1] == _module_mtime(cached[0]):
+                return cached[0]
+            if cached is not None:
+                import importlib
+
+                importlib.reload(sys.modules[cached[0].function.__module__])
+            spec = _load(target)
+            self._specs[target] = (spec, _module_mtime(spec))
+            return spec
+
+
+def _module_mtime(spec: UDFSpec) -> float | None:
+    module = sys.modules.get(getattr(spec.function, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    try:
+        return os.stat(path).st_mtime if path else None
+    except OSError:
+        return None
 
 
 @main.command()

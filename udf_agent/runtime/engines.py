@@ -34,18 +34,19 @@ class Engines:
 
     def warm_up(self, spec: UDFSpec) -> None:
         """Creates and starts the engine in the background (imports included)."""
-        if spec.passthrough:
-            return  # its points are never computed
-        threading.Thread(target=self._warm_up, args=(spec,), name="engine-warm-up", daemon=True).start()
+        if spec.passthrough or not spec.compute:
+            return  # its points are never computed, or not on Spark
+        self.warm_up_spark()
+
+    def warm_up_spark(self) -> None:
+        """Starts the Spark engine in the background, whichever UDF will use it."""
+        threading.Thread(target=self._warm_up, name="engine-warm-up", daemon=True).start()
 
     def engine_for(self, spec: UDFSpec, points: int | None = None) -> Engine:
         """The engine for a micro-batch of ``points`` points (None: the UDF's Spark engine)."""
         if not spec.compute:
             return self._local
-        with self._lock:
-            if self._spark is None:
-                self._spark = self._spark_factory()
-            spark = self._spark
+        spark = self._spark_engine()
         if points is None:
             return spark
         if (self.local_while_starting and not spark.ready()) or points <= self.local_max_points:
@@ -57,9 +58,15 @@ class Engines:
             if self._spark is not None:
                 self._spark.stop()
 
-    def _warm_up(self, spec: UDFSpec) -> None:
+    def _spark_engine(self) -> Engine:
+        with self._lock:
+            if self._spark is None:
+                self._spark = self._spark_factory()
+            return self._spark
+
+    def _warm_up(self) -> None:
         try:
-            self.engine_for(spec).start()
+            self._spark_engine().start()
         except Exception:
             # The compute thread meets the same failure and reports it to Kapacitor.
             log.exception("engine warm-up failed")

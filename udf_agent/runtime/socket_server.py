@@ -27,6 +27,10 @@ class SocketServerError(Exception):
     """The socket path cannot be served (in use, not a socket, too long)."""
 
 
+class SessionRefused(Exception):
+    """``make_agent`` turned a connection away (and told the peer why): no session."""
+
+
 class UnixSocketServer:
     """Serves one independent agent session per connection, many at once."""
 
@@ -38,12 +42,16 @@ class UnixSocketServer:
         drain_timeout: float = 5.0,
         max_connections: int = 64,
         init_timeout: float = 60.0,
+        idle_exit: float | None = None,
     ):
         self.path = os.path.abspath(path)
         self.mode = mode
         self.drain_timeout = drain_timeout
         self.max_connections = max_connections
         self.init_timeout = init_timeout
+        # With no session open for this long the server stops by itself (the shared server).
+        self.idle_exit = idle_exit
+        self._idle_since = time.monotonic()
         self._stop_reason: str | None = None
         self._make_agent = make_agent
         self._listener: socket.socket | None = None
@@ -79,6 +87,9 @@ class UnixSocketServer:
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
+                    if self._idle_too_long():
+                        log.info("no task for %g s (--idle-exit): stopping", self.idle_exit)
+                        break
                     continue
                 except OSError as exc:
                     if self._stopping.is_set():
@@ -102,6 +113,14 @@ class UnixSocketServer:
                 thread.start()
         finally:
             self._close()
+
+    def _idle_too_long(self) -> bool:
+        if self.idle_exit is None:
+            return False
+        with self._lock:
+            if self._sessions:
+                return False
+            return time.monotonic() - self._idle_since >= self.idle_exit
 
     def shutdown(self, reason: str | None = None) -> None:
         """Stops accepting; open sessions finish what they accepted within the drain
@@ -135,6 +154,8 @@ class UnixSocketServer:
             watchdog.start()
             code = agent.run()
             log.info("session ended (%s)", "ok" if code == 0 else "with an error")
+        except SessionRefused as exc:
+            log.warning("refused a connection: %s", exc)
         except Exception:
             log.exception("session failed")
         finally:
@@ -143,6 +164,7 @@ class UnixSocketServer:
             connection.close()
             with self._lock:
                 self._sessions.pop(thread, None)
+                self._idle_since = time.monotonic()
 
     def _require_init(self, agent: Agent) -> None:
         """A connection that never sent Init holds threads for nothing: it is closed."""

@@ -185,11 +185,16 @@ def claim_stdio() -> FdConnection:
     process's such as Spark's JVM) lands on stderr and nothing but the
     protocol can reach Kapacitor's end of stdout.
     """
+    return FdConnection(*claim_stdio_fds())
+
+
+def claim_stdio_fds() -> tuple[int, int]:
+    """The real stdin and stdout as new fds; fd 0 then reads nothing and fd 1 is stderr."""
     protocol_in = os.dup(0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    return FdConnection(protocol_in, claim_stdout())
+    return protocol_in, claim_stdout()
 
 
 def claim_stdout() -> int:

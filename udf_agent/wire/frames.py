@@ -92,34 +92,21 @@ class FrameSplitter:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[bytes]:
+        """The bodies of the frames ``data`` completes, in order."""
         if data:
             self._buffer += data
         buffer = self._buffer
         size = len(buffer)
-        limit = self.max_frame_size
         bodies: list[bytes] = []
         pos = 0
         try:
             while pos < size:
-                # Lengths of one and two bytes are read inline: points are 30-16383 bytes.
-                first = buffer[pos]
-                if first < 0x80:
-                    length, body_start = first, pos + 1
-                elif pos + 1 < size and buffer[pos + 1] < 0x80:
-                    length, body_start = (first & 0x7F) | (buffer[pos + 1] << 7), pos + 2
-                else:
-                    read, body_start = self._read_length(buffer, pos, size)
-                    if read is None:
-                        break
-                    length = read
-                if length > limit:
-                    self._read_length(buffer, pos, size)  # raises the error that names the frame
-                body_end = body_start + length
-                if body_end > size:
+                frame = self._frame_at(buffer, pos, size)
+                if frame is None:
                     break
-                bodies.append(bytes(buffer[body_start:body_end]))
+                bodies.append(bytes(buffer[frame[0] : frame[1]]))
                 self.frames += 1
-                pos = body_end
+                pos = frame[1]
         except ProtocolError as exc:
             exc.decoded = bodies
             raise
@@ -127,6 +114,44 @@ class FrameSplitter:
             if pos:
                 del buffer[:pos]
         return bodies
+
+    def feed_whole(self, data: bytes) -> tuple[bytes, int | None]:
+        """The whole frames ``data`` completes, as they came (lengths included), for passing
+        on unparsed; and the first byte of the last one's body (its field's tag), if any."""
+        if data:
+            self._buffer += data
+        buffer = self._buffer
+        size = len(buffer)
+        pos = 0
+        last_tag: int | None = None
+        while pos < size:
+            frame = self._frame_at(buffer, pos, size)
+            if frame is None:
+                break
+            self.frames += 1
+            last_tag = buffer[frame[0]] if frame[1] > frame[0] else None
+            pos = frame[1]
+        whole = bytes(buffer[:pos])
+        del buffer[:pos]
+        return whole, last_tag
+
+    def _frame_at(self, buffer: bytearray, pos: int, size: int) -> tuple[int, int] | None:
+        """Where the body of the frame starting at ``pos`` starts and ends; None until it is whole."""
+        # Lengths of one and two bytes are read inline: points are 30-16383 bytes.
+        first = buffer[pos]
+        if first < 0x80:
+            length, body_start = first, pos + 1
+        elif pos + 1 < size and buffer[pos + 1] < 0x80:
+            length, body_start = (first & 0x7F) | (buffer[pos + 1] << 7), pos + 2
+        else:
+            read, body_start = self._read_length(buffer, pos, size)
+            if read is None:
+                return None
+            length = read
+        if length > self.max_frame_size:
+            self._read_length(buffer, pos, size)  # raises the error that names the frame
+        body_end = body_start + length
+        return None if body_end > size else (body_start, body_end)
 
     def close(self) -> None:
         """Declares end of input; a partial frame left over is an error."""

@@ -1,0 +1,204 @@
+"""One Spark per host: ``udf-agent run`` tasks relay to a shared server started on first use.
+
+Real processes over real pipes (Kapacitor's side) and a real unix socket (the relay's).
+Most tests use mirror, which never starts Spark, so that what is tested is the sharing
+itself; one runs moving_avg on the shared Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import textwrap
+import time
+
+import pytest
+from conftest import shared_server_pids
+
+from benchmarks.driver import java_descendants
+from udf_agent import udf_pb2
+from udf_agent.testing import grouped_point, option
+
+pytestmark = pytest.mark.integration
+
+SECOND = 1_000_000_000
+
+
+@pytest.fixture
+def shared_dir():
+    """A private directory for this test's shared servers; they are killed afterwards."""
+    directory = tempfile.mkdtemp(prefix="uas-")  # short: a socket path has 107 bytes at most
+    yield directory
+    for pid in shared_server_pids(directory):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def shared_env(directory: str) -> dict[str, str]:
+    """The default way: no UDF_AGENT_OWN_SPARK (which the other tests set)."""
+    return {"UDF_AGENT_SHARED_DIR": directory, "UDF_AGENT_OWN_SPARK": "0"}
+
+
+def sockets(directory: str) -> list[str]:
+    return sorted(name for name in os.listdir(directory) if name.endswith(".sock"))
+
+
+def echo(driver, t: int, value: float = 1.0) -> udf_pb2.Point:
+    driver.point(time=t, name="m", fieldsDouble={"x": value})
+    return driver.responses.wait_for("point", 1 + len(driver.responses.of("point")), timeout=30)[-1]
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def maps(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def test_tasks_with_the_same_settings_share_one_server_and_a_task_is_a_light_relay(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    first, second = drivers("run", "mirror", env=env), drivers("run", "mirror", env=env)
+    for n, driver in enumerate((first, second)):
+        assert driver.init(timeout=60).success, driver.log()
+        assert echo(driver, n * SECOND).time == n * SECOND
+    (server,) = shared_server_pids(shared_dir)
+    assert len(sockets(shared_dir)) == 1
+    assert f"computing on the shared Spark server (pid {server})" in first.log()
+    for driver in (first, second):
+        # The relay imports neither pandas nor numpy: the task costs a few tens of MB.
+        assert "numpy" not in maps(driver.process.pid) and "pandas" not in maps(driver.process.pid)
+        assert rss_mb(driver.process.pid) < 40
+    assert first.close(timeout=30) == 0 and second.close(timeout=30) == 0
+    assert not first.responses.of("error") and not second.responses.of("error")
+    # The server outlives its tasks, for the next ones.
+    assert shared_server_pids(shared_dir) == [server]
+
+
+def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    plain = drivers("run", "mirror", env=env)
+    tuned = drivers("run", "mirror", "--conf", "spark.sql.shuffle.partitions=3", env=env)
+    smaller = drivers("run", "mirror", "--master", "local[1]", env=env)
+    for driver in (plain, tuned, smaller):
+        assert driver.init(timeout=60).success, driver.log()
+    assert len(sockets(shared_dir)) == 3
+    assert len(shared_server_pids(shared_dir)) == 3
+
+
+def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fresh_one(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    tasks = [drivers("run", "mirror", env=env) for _ in range(2)]
+    for driver in tasks:
+        assert driver.init(timeout=60).success, driver.log()
+        echo(driver, 0)
+    (server,) = shared_server_pids(shared_dir)
+    killed = time.monotonic()
+    os.kill(server, signal.SIGKILL)
+    for driver in tasks:
+        (error,) = driver.responses.wait_for("error", timeout=5)
+        assert time.monotonic() - killed < 2.0
+        assert f"the shared Spark server (pid {server}) was killed or crashed" in error.error
+        assert driver.process.wait(5) == 1
+        assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
+    fresh = drivers("run", "mirror", env=env)
+    assert fresh.init(timeout=60).success, fresh.log()
+    assert echo(fresh, 5 * SECOND).time == 5 * SECOND
+    assert shared_server_pids(shared_dir) not in ([], [server])
+
+
+def test_an_idle_server_exits_by_itself_and_removes_its_socket(drivers, shared_dir):
+    task = drivers("run", "mirror", "--shared-idle-exit", "1s", env=shared_env(shared_dir))
+    assert task.init(timeout=60).success, task.log()
+    time.sleep(1.5)  # a task connected is not idleness, however quiet
+    (server,) = shared_server_pids(shared_dir)
+    assert echo(task, 0).time == 0
+    assert task.close(timeout=30) == 0
+    deadline = time.monotonic() + 10
+    while shared_server_pids(shared_dir):
+        assert time.monotonic() < deadline, "the shared server did not exit after --shared-idle-exit"
+        time.sleep(0.1)
+    assert sockets(shared_dir) == []
+    assert "no task for 1 s (--idle-exit): stopping" in open(os.path.join(shared_dir, os.listdir(shared_dir)[0].split(".")[0] + ".log")).read()
+    del server
+
+
+def test_a_directory_others_may_enter_is_refused_with_the_fix(drivers, shared_dir):
+    os.chmod(shared_dir, 0o755)
+    task = drivers("run", "mirror", env=shared_env(shared_dir))
+    (error,) = task.responses.wait_for("error", timeout=30)
+    assert f"{shared_dir} is open to other users (mode 755); run 'chmod 700 {shared_dir}'" in error.error
+    assert task.process.wait(10) == 1
+    assert sockets(shared_dir) == []
+
+
+def test_the_directory_is_created_private(drivers, shared_dir):
+    directory = os.path.join(shared_dir, "new")
+    task = drivers("run", "mirror", env=shared_env(directory))
+    assert task.init(timeout=60).success, task.log()
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(directory, sockets(directory)[0])).st_mode) == 0o600
+
+
+def test_own_spark_keeps_the_task_in_its_own_process(drivers, shared_dir):
+    task = drivers("run", "mirror", "--own-spark", env=shared_env(shared_dir))
+    assert task.init(timeout=60).success, task.log()
+    assert echo(task, 0).time == 0
+    assert os.listdir(shared_dir) == [] and shared_server_pids(shared_dir) == []
+
+
+def test_a_target_the_server_cannot_load_fails_the_task_saying_why(drivers, shared_dir):
+    task = drivers("run", "no_such_udf", env=shared_env(shared_dir))
+    (error,) = task.responses.wait_for("error", timeout=60)
+    assert "'no_such_udf' is neither a built-in" in error.error
+    assert task.process.wait(10) == 1
+
+
+def test_a_redefined_task_runs_the_udf_module_as_edited_since(drivers, shared_dir, tmp_path):
+    module = tmp_path / "scaled.py"
+
+    def write(factor: int) -> None:
+        module.write_text(textwrap.dedent(f"""
+            from udf_agent import stream_udf
+
+            @stream_udf(compute=False)
+            def scale(df, ctx):
+                return df.assign(x=df["x"] * {factor})
+        """))
+        os.utime(module, (time.time() + factor, time.time() + factor))  # a new mtime, however fast
+
+    env = shared_env(shared_dir)
+    for factor in (2, 3):
+        write(factor)
+        task = drivers("run", "scaled:scale", env=env, cwd=str(tmp_path))
+        assert task.init(timeout=60).success, task.log()
+        assert echo(task, 0, value=1.0).fieldsDouble["x"] == factor
+        assert task.close(timeout=30) == 0
+    assert len(shared_server_pids(shared_dir)) == 1
+
+
+@pytest.mark.spark
+def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    args = ("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting")
+    for first_time in (0, 100):
+        task = drivers(*args, env=env)
+        assert task.init(option("field", "value"), option("size", 2), timeout=60).success, task.log()
+        for i in range(4):
+            task.send(udf_pb2.Request(point=grouped_point((first_time + i) * SECOND, "a", float(i))))
+        points = task.responses.wait_for("point", 4, timeout=180)
+        assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
+        assert task.close(timeout=60) == 0
+    (server,) = shared_server_pids(shared_dir)
+    assert len(java_descendants(server)) == 1  # one JVM for both tasks

@@ -1,0 +1,117 @@
+"""A task's process when its Spark is shared: Kapacitor's bytes to the shared server and back.
+
+Imports neither pandas nor numpy (a relay holds ~20 MB) and never parses a request: the
+server's agent speaks the protocol. Output is passed on in whole frames only, so that if the
+server dies mid-frame the task's last frame is still a well-formed ErrorResponse that says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from types import FrameType
+
+from udf_agent.runtime.shared import Welcome, server_alive
+from udf_agent.wire.frames import FrameSplitter
+from udf_agent.wire.guard import error_frame
+
+log = logging.getLogger(__name__)
+
+CHUNK = 256 * 1024
+# The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
+ERROR_TAG = (6 << 3) | 2
+SERVER_END_GRACE = 0.5
+
+
+class Relay:
+    """Copies stdin to the server's socket and whole frames of its answers to stdout."""
+
+    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int):
+        self._welcome = welcome
+        self._sock = welcome.sock
+        self._read_fd = read_fd
+        self._write_fd = write_fd
+        self._input_ended = threading.Event()
+        self._splitter = FrameSplitter(max_frame_size=2**62)
+
+    def run(self) -> int:
+        """Relays until the server closes the connection; the exit code for the process."""
+        threading.Thread(target=self._forward_input, name="relay-input", daemon=True).start()
+        self._on_stop_signals()
+        last_tag: int | None = None
+        try:
+            while chunk := self._sock.recv(CHUNK):
+                whole, tag = self._splitter.feed_whole(chunk)
+                if whole:
+                    _write_all(self._write_fd, whole)
+                    last_tag = tag
+        except ConnectionResetError:
+            pass  # the server died with our input unread: judged below, as an end
+        except BrokenPipeError:
+            return 1  # Kapacitor no longer reads our output: nothing to tell it
+        if last_tag == ERROR_TAG:
+            return 1  # the task failed, and the server said why
+        partial = self._splitter.buffered
+        if self._input_ended.is_set() and not partial:
+            if not server_alive(self._welcome):
+                log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)
+            return 0
+        cause = "was killed or crashed" if self._server_ended() else "closed this task's connection"
+        message = f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}"
+        log.error("%s", message)
+        try:
+            _write_all(self._write_fd, error_frame(message))
+        except BrokenPipeError:
+            pass
+        return 1
+
+    def _server_ended(self) -> bool:
+        """Whether the server died: a killed process closes its sockets a moment before the
+        kernel marks it dead, so a connection that ends abruptly is given a short grace."""
+        deadline = time.monotonic() + SERVER_END_GRACE
+        while server_alive(self._welcome):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _forward_input(self) -> None:
+        try:
+            while data := os.read(self._read_fd, CHUNK):
+                self._sock.sendall(data)
+        except OSError as exc:  # the server is gone: the output side sees it and says so
+            log.debug("relaying input stopped: %s", exc)
+        self._end_input()
+
+    def _end_input(self) -> None:
+        """The server's agent sees end of input: it finishes accepted work, then closes."""
+        self._input_ended.set()
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def _on_stop_signals(self) -> None:
+        """SIGTERM/SIGINT end the input as Kapacitor closing stdin would (an orderly drain);
+        a second exits at once."""
+        received: list[int] = []
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if received:
+                os._exit(128 + signum)
+            received.append(signum)
+            log.warning("%s received: the shared server finishes this task's accepted work (send it again to exit at once)", signal.Signals(signum).name)
+            self._end_input()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, handle)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

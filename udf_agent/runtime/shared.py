@@ -1,0 +1,251 @@
+"""One Spark per host: process UDFs share a server, started by the first task that needs it.
+
+Kapacitor starts a process per task. Unless told ``--own-spark``, ``udf-agent run`` does not
+compute: it finds the shared server for its install and Spark settings, starting it if none
+is up, and relays Kapacitor's bytes to it (``relay.py``). The server is ``udf-agent
+shared-server``: ``serve`` for any target, with the target and the task's own options named
+per connection in a handshake line, so every task shares its one Spark and resident workers.
+
+Where servers live: a directory only this user may enter (``$UDF_AGENT_SHARED_DIR``, else
+``$XDG_RUNTIME_DIR/udf-agent``, else ``/tmp/udf-agent-UID``), one socket per key. The key
+digests all that must match for a task to run there as it would in its own process: the
+install (package directory, version, Python), the Spark settings, the working directory and
+the environment variables Spark and imports read. Anything else gets its own server.
+
+Handshake (one JSON line each way, before any of Kapacitor's bytes): the relay sends
+``{"target", "agent"}``; the server answers ``{"pid", "log"}``, or ``{"error"}`` and closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from udf_agent import __version__
+
+SHARED_DIR_ENV = "UDF_AGENT_SHARED_DIR"
+# Environment variables that change what a task computes or how Spark starts.
+KEYED_ENVIRONMENT = ("PYTHONPATH", "JAVA_HOME", "SPARK_HOME", "SPARK_CONF_DIR", "PYSPARK_PYTHON", "SPARK_LOCAL_IP")
+# How long a task waits for a server it started to listen (its imports, not Spark).
+START_TIMEOUT = 60.0
+# A handshake line is a few hundred bytes; anything past this is not one.
+MAX_HANDSHAKE = 64 * 1024
+# A server's log is kept across restarts (the last one's crash is in it) up to this size.
+MAX_LOG_BYTES = 10 * 1024 * 1024
+
+
+class SharedServerError(Exception):
+    """No shared server can be reached or started; the message says why."""
+
+
+@dataclass(frozen=True)
+class SharedServer:
+    """Where the shared server for one key lives."""
+
+    directory: str
+    key: str
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.directory, f"{self.key}.sock")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.directory, f"{self.key}.log")
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.directory, f"{self.key}.lock")
+
+
+def shared_directory() -> str:
+    """The private directory of this user's shared servers, created if needed (mode 0700);
+    SharedServerError if it exists but others may enter it or it is not this user's."""
+    configured = os.environ.get(SHARED_DIR_ENV)
+    if configured:
+        directory = configured
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        directory = os.path.join(os.environ["XDG_RUNTIME_DIR"], "udf-agent")
+    else:
+        directory = os.path.join("/tmp", f"udf-agent-{os.getuid()}")
+    directory = os.path.abspath(directory)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SharedServerError(f"cannot create the shared servers' directory {directory}: {exc.strerror}") from None
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SharedServerError(f"{directory} is not a directory (a symlink?); refusing to keep shared servers' sockets there")
+    if info.st_uid != os.getuid():
+        raise SharedServerError(f"{directory} belongs to uid {info.st_uid}, not to this user ({os.getuid()}); set {SHARED_DIR_ENV} or use --own-spark")
+    if info.st_mode & 0o077:
+        raise SharedServerError(
+            f"{directory} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); run 'chmod 700 {directory}', set {SHARED_DIR_ENV}, or use --own-spark"
+        )
+    return directory
+
+
+def server_key(settings: dict[str, Any]) -> str:
+    """What a task must share with a server to run there: install, Spark settings, and
+    the working directory and environment its imports and Spark see."""
+    package = os.path.dirname(os.path.realpath(__file__))
+    identity = {
+        "version": __version__,
+        "package": package,
+        "python": os.path.realpath(sys.executable),
+        "cwd": os.getcwd(),
+        "environment": {name: os.environ.get(name) for name in KEYED_ENVIRONMENT},
+        "settings": settings,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def locate(settings: dict[str, Any]) -> SharedServer:
+    return SharedServer(shared_directory(), server_key(settings))
+
+
+@dataclass
+class Welcome:
+    """The server's answer to a relay's handshake."""
+
+    sock: socket.socket
+    pid: int
+    log: str
+    started: subprocess.Popen[bytes] | None  # when this task started the server
+
+
+def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, target: str, agent_options: dict[str, Any]) -> Welcome:
+    """A connection to the shared server, started first if none listens, past the handshake.
+
+    SharedServerError when it cannot be started, or refuses the task (its answer says why)."""
+    hello = answer_line({"target": target, "agent": agent_options})
+    started: subprocess.Popen[bytes] | None = None
+    for _ in range(3):  # a server that exits (idle) as we connect is started afresh
+        sock = _connect(server.socket_path)
+        if sock is None:
+            with _locked(server.lock_path):
+                sock = _connect(server.socket_path)
+                if sock is None:
+                    started = _start(server, settings, idle_exit)
+                    sock = _wait_listening(server, started)
+        try:
+            sock.sendall(hello)
+            answer = read_line(sock.recv)
+        except OSError:
+            sock.close()
+            continue
+        if answer is None:
+            sock.close()
+            continue
+        reply = json.loads(answer)
+        if "error" in reply:
+            sock.close()
+            raise SharedServerError(str(reply["error"]))
+        return Welcome(sock, int(reply["pid"]), str(reply["log"]), started)
+    raise SharedServerError(f"the shared server at {server.socket_path} closed every connection before answering; its log: {server.log_path}")
+
+
+def read_line(receive: Callable[[int], bytes]) -> bytes | None:
+    """One handshake line (without its newline), None if the peer closed first. The peer
+    sends nothing after it until answered, so this never reads past it."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        chunk = receive(MAX_HANDSHAKE)
+        if not chunk:
+            return None
+        line += chunk
+        if len(line) > MAX_HANDSHAKE:
+            raise ValueError(f"handshake line longer than {MAX_HANDSHAKE} bytes")
+    return bytes(line[:-1])
+
+
+def answer_line(answer: dict[str, Any]) -> bytes:
+    return json.dumps(answer).encode() + b"\n"
+
+
+def server_alive(welcome: Welcome) -> bool:
+    """Whether the server process still runs (a zombie does not)."""
+    if welcome.started is not None:
+        return welcome.started.poll() is None
+    try:
+        with open(f"/proc/{welcome.pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
+        raise SharedServerError(f"cannot connect to the shared server at {path}: {exc.strerror}") from None
+    return sock
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """One task at a time starts a server for a key; the others then find it listening."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float) -> subprocess.Popen[bytes]:
+    if os.path.exists(server.log_path) and os.path.getsize(server.log_path) > MAX_LOG_BYTES:
+        os.replace(server.log_path, server.log_path + ".1")
+    argv = [
+        sys.executable, "-m", "udf_agent", "shared-server",
+        "--socket", server.socket_path,
+        "--idle-exit", f"{idle_exit}s",
+        "--settings", json.dumps(settings, sort_keys=True),
+    ]
+    with open(server.log_path, "ab") as log:
+        # Its own session: Kapacitor stopping or killing this task's process leaves it be.
+        # No descriptor of ours is inherited: Kapacitor must see our stdout close with us.
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, close_fds=True)
+
+
+def _wait_listening(server: SharedServer, process: subprocess.Popen[bytes]) -> socket.socket:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        sock = _connect(server.socket_path)
+        if sock is not None:
+            return sock
+        code = process.poll()
+        if code is not None:
+            raise SharedServerError(f"the shared server exited with code {code} before listening; {_log_tail(server.log_path)}")
+        if time.monotonic() > deadline:
+            raise SharedServerError(f"the shared server did not listen on {server.socket_path} within {START_TIMEOUT:g} s; its log: {server.log_path}")
+        time.sleep(0.02)
+
+
+def _log_tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 2000))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return f"its log: {path}"
+    return f"the end of its log ({path}): {lines[-1] if lines else '(empty)'}"
