@@ -1,5 +1,6 @@
 """What each way of deploying the agent costs, measured: memory per task and time to first
-output (embedded Spark, ``serve`` sharing one Spark, Spark Connect, a standalone cluster),
+output (the default shared Spark per host for N concurrent tasks, a task's own embedded
+Spark, ``serve`` sharing one Spark, Spark Connect, a standalone cluster),
 and how a compute-heavy batch UDF scales from 1 to 2 executors on a local standalone cluster.
 
     .venv/bin/python benchmarks/deployment.py [--json PATH]
@@ -26,6 +27,7 @@ if REPO not in sys.path:
 from benchmarks.driver import _rss_mb, descendants, java_descendants  # noqa: E402
 from benchmarks.spark_servers import connect_server, standalone_cluster  # noqa: E402
 from udf_agent import udf_pb2  # noqa: E402
+from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
 from udf_agent.testing import KapacitorDriver, SocketDriver, grouped_point, option  # noqa: E402
 
 SECOND = 1_000_000_000
@@ -36,6 +38,22 @@ READY_LOG = "compute engine ready"
 
 def tree_mb(pid: int) -> float:
     return _rss_mb(pid) + sum(_rss_mb(child) for child in descendants(pid))
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(*pids: int) -> float:
+    """CPU seconds (user + system) the live processes PIDS have used."""
+    total = 0.0
+    for member in pids:
+        try:
+            with open(f"/proc/{member}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
 
 
 def feed_moving_avg(driver: KapacitorDriver | SocketDriver, first: int = 0) -> tuple[float, float]:
@@ -60,9 +78,61 @@ def wait_for_log(read_log: Any, timeout: float = 180) -> float:
     return time.monotonic() - started
 
 
+def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
+    """The default deployment: TASKS moving_avg process UDFs started one after another, all
+    computing on the one shared server the first starts. Memory of every process involved
+    (each task's relay, the server, its JVM and workers), time to Info and to first output
+    per task, and the CPU of idle tasks (keepalives only, as Kapacitor sends them)."""
+    env = {"UDF_AGENT_SHARED_DIR": str(work), "UDF_AGENT_OWN_SPARK": "0"}
+    drivers: list[KapacitorDriver] = []
+    info_ms, first_output_s, totals_mb = [], [], []
+
+    def total_mb() -> float:
+        # The first task started the server, which is its child: a task's own memory is its process's.
+        return sum(_rss_mb(driver.process.pid) for driver in drivers) + sum(tree_mb(pid) for pid in shared_server_pids(str(work)))
+
+    try:
+        for n in range(tasks):
+            driver = KapacitorDriver("run", "moving_avg", env=env, cwd=REPO)
+            drivers.append(driver)
+            driver.info()
+            info_ms.append(round((time.monotonic() - driver.started) * 1000))
+            _, first_output = feed_moving_avg(driver, first=n * 10 * POINTS)
+            first_output_s.append(round(first_output, 2))
+            if n == 0:
+                (server,) = shared_server_pids(str(work))
+                wait_for_log(lambda: (work / next(p for p in os.listdir(work) if p.endswith(".log"))).read_text(errors="replace"))
+            time.sleep(1)
+            totals_mb.append(round(total_mb()))
+        relays_mb = [round(_rss_mb(driver.process.pid), 1) for driver in drivers]
+        relay_cpu = [cpu_s(driver.process.pid) for driver in drivers]
+        server_cpu = cpu_s(server, *descendants(server))
+        for beat in range(int(idle_seconds / 5)):  # Kapacitor: a keepalive every timeout / 2
+            for driver in drivers:
+                driver.keepalive(beat)
+            time.sleep(5)
+        relay_idle = [(cpu_s(driver.process.pid) - before) / idle_seconds * 100 for driver, before in zip(drivers, relay_cpu)]
+        server_idle = (cpu_s(server, *descendants(server)) - server_cpu) / idle_seconds * 100
+        return {
+            "tasks": tasks,
+            "info_ms_after_process_start": info_ms,
+            "first_output_s": first_output_s,
+            "total_mb_after_each_task": totals_mb,
+            "per_task_past_first_mb": round((totals_mb[-1] - totals_mb[0]) / (tasks - 1), 1),
+            "relay_mb": relays_mb,
+            "idle_relay_cpu_percent_of_core_max": round(max(relay_idle), 3),
+            "idle_server_cpu_percent_of_core_all_tasks": round(server_idle, 2),
+        }
+    finally:
+        for driver in drivers:
+            driver.kill()
+        for pid in shared_server_pids(str(work)):
+            os.killpg(pid, 9)
+
+
 def process_udf(*where: str) -> dict[str, Any]:
     """One task as a process UDF: Init -> first output, Init -> Spark ready, its process tree."""
-    driver = KapacitorDriver("run", "moving_avg", *where, cwd=REPO)
+    driver = KapacitorDriver("run", "moving_avg", *where, env={"UDF_AGENT_OWN_SPARK": "1"}, cwd=REPO)
     try:
         started = time.monotonic()
         _, first_output = feed_moving_avg(driver)
@@ -175,6 +245,9 @@ def main() -> int:
     parser.add_argument("--scaling-points", type=int, default=5_000)
     parser.add_argument("--scaling-resamples", type=int, default=400, help="least-squares fits per batch: the work per batch")
     parser.add_argument("--only-scaling", action="store_true", help="skip the deployment figures")
+    parser.add_argument("--only-shared", action="store_true", help="only the shared Spark per host (the default deployment)")
+    parser.add_argument("--tasks", type=int, default=10, help="concurrent tasks on the shared Spark")
+    parser.add_argument("--idle-seconds", type=float, default=60, help="how long the idle tasks' CPU is measured")
     args = parser.parse_args()
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()}}
     with tempfile.TemporaryDirectory(prefix="udf-deploy") as tmp:
@@ -183,8 +256,14 @@ def main() -> int:
             report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
             print(json.dumps(report, indent=1))
             return 0
-        print("embedded Spark (process UDF) ...", file=sys.stderr)
-        report["embedded"] = process_udf()
+        print(f"shared Spark per host, {args.tasks} tasks ...", file=sys.stderr)
+        (work / "shared").mkdir(mode=0o700)
+        report["shared"] = shared_tasks(work / "shared", args.tasks, args.idle_seconds)
+        if args.only_shared:
+            print(json.dumps(report, indent=1))
+            return 0
+        print("embedded Spark (process UDF, --own-spark) ...", file=sys.stderr)
+        report["embedded"] = process_udf("--own-spark")
         print("serve, one Spark shared ...", file=sys.stderr)
         (work / "serve").mkdir()
         report["serve"] = serve_shared(work / "serve")

@@ -5,6 +5,7 @@ import tempfile
 
 import pytest
 
+from udf_agent.runtime.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -25,22 +26,6 @@ def shared_servers_directory():
             os.killpg(pid, signal.SIGKILL)  # the server leads its own session, its JVM included
         except ProcessLookupError:
             pass
-
-
-def shared_server_pids(directory):
-    """The live shared servers listening in ``directory``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"shared-server" in argv and any(arg.startswith(os.fsencode(directory) + b"/") for arg in argv):
-            pids.append(int(entry))
-    return pids
 
 
 @pytest.fixture(scope="session")

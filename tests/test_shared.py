@@ -16,10 +16,10 @@ import textwrap
 import time
 
 import pytest
-from conftest import shared_server_pids
 
 from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
+from udf_agent.runtime.shared import shared_server_pids
 from udf_agent.testing import grouped_point, option
 
 pytestmark = pytest.mark.integration

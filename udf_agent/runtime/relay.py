@@ -17,7 +17,6 @@ from types import FrameType
 
 from udf_agent.runtime.shared import Welcome, server_alive
 from udf_agent.wire.frames import FrameSplitter
-from udf_agent.wire.guard import error_frame
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,8 @@ class Relay:
         cause = "was killed or crashed" if self._server_ended() else "closed this task's connection"
         message = f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}"
         log.error("%s", message)
+        from udf_agent.wire.guard import error_frame  # protobuf, only when there is this to tell
+
         try:
             _write_all(self._write_fd, error_frame(message))
         except BrokenPipeError:

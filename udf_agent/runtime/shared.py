@@ -189,6 +189,23 @@ def server_alive(welcome: Welcome) -> bool:
     return state not in (b"Z", b"X")
 
 
+def shared_server_pids(directory: str) -> list[int]:
+    """The live shared servers whose sockets are in ``directory`` (found by command line)."""
+    prefix = os.fsencode(os.path.join(directory, ""))
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"shared-server" in argv and any(arg.startswith(prefix) for arg in argv):
+            pids.append(int(entry))
+    return pids
+
+
 def _connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -216,10 +233,16 @@ def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float) -> 
     if os.path.exists(server.log_path) and os.path.getsize(server.log_path) > MAX_LOG_BYTES:
         os.replace(server.log_path, server.log_path + ".1")
     argv = [
-        sys.executable, "-m", "udf_agent", "shared-server",
-        "--socket", server.socket_path,
-        "--idle-exit", f"{idle_exit}s",
-        "--settings", json.dumps(settings, sort_keys=True),
+        sys.executable,
+        "-m",
+        "udf_agent",
+        "shared-server",
+        "--socket",
+        server.socket_path,
+        "--idle-exit",
+        f"{idle_exit}s",
+        "--settings",
+        json.dumps(settings, sort_keys=True),
     ]
     with open(server.log_path, "ab") as log:
         # Its own session: Kapacitor stopping or killing this task's process leaves it be.

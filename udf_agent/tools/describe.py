@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
-from udf_agent.api import UDFSpec
-from udf_agent.targets import builtin_specs
-from udf_agent.tools.tickscript import render_arguments, render_example
+if TYPE_CHECKING:
+    from udf_agent.api import UDFSpec
 
 # Where socket UDFs listen by default: what `info --kapacitor-conf` prints and `doctor` checks.
 SOCKET_DIR = "/var/run/udf-agent"
@@ -17,6 +17,8 @@ SOCKET_DIR = "/var/run/udf-agent"
 
 def describe(spec: UDFSpec) -> list[str]:
     """A UDF's description, edges and options, one per line, as ``info`` prints them."""
+    from udf_agent.tools.tickscript import render_arguments
+
     lines = [f"{spec.name}: {spec.description}" if spec.description else spec.name, f"  wants: {spec.wants}   provides: {spec.provides}"]
     if not spec.options:
         return [*lines, "  options: none"]
@@ -35,12 +37,17 @@ def describe(spec: UDFSpec) -> list[str]:
 
 def builtins_help() -> list[str]:
     """Every built-in UDF with its edges and options, for the help of commands taking a TARGET."""
+    from udf_agent.targets import builtin_specs
+
     return [line for spec in builtin_specs().values() for line in describe(spec)]
 
 
 def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
     """The kapacitor.conf block that runs TARGET as the UDF NAME (process and socket forms),
     and a TICKscript that calls it."""
+    from udf_agent.targets import builtin_specs
+    from udf_agent.tools.tickscript import render_example
+
     prog, args = agent_command()
     args = [*args, "run", target]
     lines = [
@@ -65,7 +72,11 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
         '#   timeout = "10s"',
     ]
     call = "".join(f".{o.name}({render_example(o)})" for o in spec.options if not o.multiple)
-    source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
+    source = (
+        "stream\n    |from()\n        .measurement('cpu')"
+        if spec.wants == "stream"
+        else 'batch\n    |query(\'SELECT * FROM "telegraf"."autogen"."cpu"\')\n        .period(1m)\n        .every(1m)'
+    )
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
 
