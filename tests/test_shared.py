@@ -21,6 +21,7 @@ from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
 from udf_agent.runtime.shared import shared_server_pids
 from udf_agent.testing import grouped_point, option
+from udf_agent.wire.frames import encode_frame
 
 pytestmark = pytest.mark.integration
 
@@ -116,6 +117,20 @@ def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fres
     assert fresh.init(timeout=60).success, fresh.log()
     assert echo(fresh, 5 * SECOND).time == 5 * SECOND
     assert shared_server_pids(shared_dir) not in ([], [server])
+
+
+def test_a_task_abort_with_output_unread_ends_the_relay_within_seconds(drivers, shared_dir):
+    """Kapacitor's abort: it stops reading the task's output, closes its input and waits for
+    the process. The relay drops what no one takes for a second, as the agent's writer does."""
+    driver = drivers("run", "mirror", env=shared_env(shared_dir))
+    assert driver.init(timeout=60).success, driver.log()
+    point = udf_pb2.Request(point=udf_pb2.Point(time=1, name="m", fieldsDouble={"x": 1.0}))
+    driver.send_raw(encode_frame(point) * 200_000)  # megabytes of echoes: every pipe on the way full
+    driver.responses.wait_for("point", 1, timeout=30)
+    stopped = time.monotonic()
+    assert driver.abort(timeout=15) == 0, driver.log()
+    assert time.monotonic() - stopped < 5
+    assert "(a task abort): the rest of this task's output is dropped" in driver.log()
 
 
 def test_an_idle_server_exits_by_itself_and_removes_its_socket(drivers, shared_dir):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import socket
 import threading
@@ -24,6 +25,14 @@ CHUNK = 256 * 1024
 # The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
 ERROR_TAG = (6 << 3) | 2
 SERVER_END_GRACE = 0.5
+# After Kapacitor closed our input, output it takes none of for this long is dropped: a task
+# abort stops reading first (as the agent's own writer does at a stop).
+STOPPED_READER_TIMEOUT = 1.0
+WRITE_POLL = 0.1
+
+
+class _OutputAbandoned(Exception):
+    """Kapacitor closed the input and stopped reading the output: the task was aborted."""
 
 
 class Relay:
@@ -39,6 +48,7 @@ class Relay:
 
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
+        os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
         threading.Thread(target=self._forward_input, name="relay-input", daemon=True).start()
         self._on_stop_signals()
         last_tag: int | None = None
@@ -46,12 +56,16 @@ class Relay:
             while chunk := self._sock.recv(CHUNK):
                 whole, tag = self._splitter.feed_whole(chunk)
                 if whole:
-                    _write_all(self._write_fd, whole)
+                    self._write_all(whole)
                     last_tag = tag
         except ConnectionResetError:
             pass  # the server died with our input unread: judged below, as an end
         except BrokenPipeError:
             return 1  # Kapacitor no longer reads our output: nothing to tell it
+        except _OutputAbandoned:
+            log.warning("input closed and no output taken for %g s (a task abort): the rest of this task's output is dropped", STOPPED_READER_TIMEOUT)
+            self._sock.close()
+            return 0
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
         partial = self._splitter.buffered
@@ -65,10 +79,29 @@ class Relay:
         from udf_agent.wire.guard import error_frame  # protobuf, only when there is this to tell
 
         try:
-            _write_all(self._write_fd, error_frame(message))
-        except BrokenPipeError:
+            self._write_all(error_frame(message))
+        except (BrokenPipeError, _OutputAbandoned):
             pass
         return 1
+
+    def _write_all(self, data: bytes) -> None:
+        """Writes all of DATA, waiting for Kapacitor to read as long as it may (backpressure);
+        _OutputAbandoned once the input has ended and no byte is taken for a second."""
+        view = memoryview(data)
+        stalled_since: float | None = None
+        while view:
+            try:
+                view = view[os.write(self._write_fd, view) :]
+                stalled_since = None
+                continue
+            except BlockingIOError:
+                pass
+            select.select([], [self._write_fd], [], WRITE_POLL)
+            if self._input_ended.is_set():
+                now = time.monotonic()
+                stalled_since = stalled_since or now
+                if now - stalled_since >= STOPPED_READER_TIMEOUT:
+                    raise _OutputAbandoned
 
     def _server_ended(self) -> bool:
         """Whether the server died: a killed process closes its sockets a moment before the
@@ -110,9 +143,3 @@ class Relay:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, handle)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
