@@ -158,11 +158,7 @@ def serve_shared(work: Path) -> dict[str, Any]:
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "udf_agent", "serve", "--socket", path, "moving_avg"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-            start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
         )
     try:
         warm_after = wait_for_log(lambda: log_path.read_text(errors="replace"))
@@ -222,16 +218,7 @@ def scaling(work: Path, batches: int, points: int, resamples: int, rounds: int =
     for workers in (1, 2):
         with standalone_cluster(work / f"scaling{workers}", workers=workers, cores=1) as (url, _):
             driver = KapacitorDriver(
-                "run",
-                "benchmarks.heavy_udfs:trend_fit",
-                "--master",
-                url,
-                "--flush-interval",
-                "50ms",
-                f"--conf=spark.cores.max={workers}",
-                *SINGLE_THREADED,
-                env={"UDF_AGENT_OWN_SPARK": "1"},
-                cwd=REPO,
+                "run", "benchmarks.heavy_udfs:trend_fit", "--master", url, "--flush-interval", "50ms", *SINGLE_THREADED, cwd=REPO
             )
             try:
                 assert driver.init(option("field", "value"), option("resamples", resamples)).success

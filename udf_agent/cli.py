@@ -134,19 +134,6 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
             help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse.",
         ),
         click.option(
-            "--resident-slots",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Resident workers to launch, each holding one Spark core for as long as it lives.  [default: the cores the application has: N of local[N]; spark.cores.max on a cluster (1 on a standalone cluster unless --conf spark.cores.max=N); 1 on Spark Connect, whose cores every client shares]",
-        ),
-        click.option(
-            "--resident-idle",
-            type=DurationType(),
-            default="30s",
-            show_default=True,
-            help="Resident workers that get no micro-batch for this long end, giving their cores back to Spark (and on a standalone cluster their executor back to the cluster, 10 s later). The next micro-batch relaunches them: on an embedded Spark it waits about a second for them; on a cluster or Spark Connect it runs as a Spark job (0.2-0.5 s, more while an executor starts) until they connect. State lives in the agent: nothing is lost.",
-        ),
-        click.option(
             "--local-while-starting/--no-local-while-starting",
             default=None,
             help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]",
@@ -225,8 +212,6 @@ def _engines(
     confs: tuple[tuple[str, str], ...],
     spark_dispatch: str = "resident",
     batch_timeout: float = 60.0,
-    resident_slots: int | None = None,
-    resident_idle: float = 30.0,
     local_while_starting: bool | None = None,
     local_max_points: int = 0,
     remote: str | None = None,
@@ -237,16 +222,7 @@ def _engines(
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        settings = SparkSettings(
-            master=master,
-            conf=dict(confs),
-            dispatch=spark_dispatch,
-            batch_timeout=batch_timeout,
-            resident_slots=resident_slots,
-            resident_idle=resident_idle,
-            remote=remote,
-        )
-        return SparkEngine(settings)
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, remote=remote))
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
@@ -254,7 +230,7 @@ def _engines(
     return Engines(make_spark, local_max_points, local_while_starting)
 
 
-_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote")
+_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "local_while_starting", "local_max_points", "remote")
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
