@@ -1,10 +1,10 @@
 """Kapacitor UDFs written in pandas, computed on Spark.
 
-from udf_agent import Option, stream_udf
+    from udf_agent import Option, stream_udf
 
-@stream_udf(options=[Option("field", str)], history=9)
-def my_udf(df, ctx):
-    ...
+    @stream_udf(options=[Option("field", str)], history=9)
+    def my_udf(df, ctx):
+        ...
 """
 
 from __future__ import annotations

@@ -228,4 +228,7 @@ def as_spec(obj: object, default_name: str = "") -> UDFSpec:
         return obj
     if isinstance(obj, type) and issubclass(obj, UDF):
         return obj.spec()
-    raise TypeError(f"{default_name or obj!r} is not a UDF: decorate a function with @stream_udf/@batch_udf or subclass udf_agent.UDF")
+    raise TypeError(
+        f"{default_name or obj!r} is not a UDF: decorate a function with @stream_udf/@batch_udf "
+        "or subclass udf_agent.UDF"
+    )

@@ -105,90 +105,21 @@ def _tick_duration_ns(ctx: click.Context, param: click.Parameter, value: str | N
 
 def _compute_options(function: CommandFunction) -> CommandFunction:
     decorators = [
-        click.option(
-            "--master",
-            default="local[*]",
-            show_default=True,
-            help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause.",
-        ),
-        click.option(
-            "--remote",
-            envvar="SPARK_REMOTE",
-            callback=_connect_url,
-            metavar="sc://HOST:PORT",
-            help="A Spark Connect server to compute on instead of --master: the agent starts no JVM (needs the 'connect' extra). Also read from SPARK_REMOTE, as PySpark does. An unreachable server fails the task with an ErrorResponse naming it and the cause.",
-        ),
+        click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
+        click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master: the agent starts no JVM (needs the 'connect' extra). Also read from SPARK_REMOTE, as PySpark does. An unreachable server fails the task with an ErrorResponse naming it and the cause."),
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable (with --remote: runtime settings only)."),
-        click.option(
-            "--spark-dispatch",
-            type=click.Choice(["resident", "jobs"]),
-            default="resident",
-            show_default=True,
-            help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each).",
-        ),
-        click.option(
-            "--batch-timeout",
-            type=DurationType(),
-            default="60s",
-            show_default=True,
-            help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse.",
-        ),
-        click.option(
-            "--local-while-starting/--no-local-while-starting",
-            default=None,
-            help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]",
-        ),
-        click.option(
-            "--local-max-points",
-            type=click.IntRange(min=0),
-            default=0,
-            show_default=True,
-            help="Micro-batches of at most this many points are computed in the agent process instead of on Spark. 0: all on Spark once it is up.",
-        ),
+        click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
+        click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
+        click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),
+        click.option("--local-max-points", type=click.IntRange(min=0), default=0, show_default=True, help="Micro-batches of at most this many points are computed in the agent process instead of on Spark. 0: all on Spark once it is up."),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
         click.option("--max-batch-points", type=click.IntRange(min=1), default=50_000, show_default=True, help="Points that close a micro-batch."),
-        click.option(
-            "--max-pending-points",
-            type=click.IntRange(min=1),
-            default=500_000,
-            show_default=True,
-            help="Points accepted but not yet computed before input is held back: past it one read every 5 ms (so keepalives are still answered) up to a tenth more, then none until compute makes room.",
-        ),
-        click.option(
-            "--on-error",
-            "on_error",
-            type=ErrorPolicyType(),
-            default="fail",
-            show_default=True,
-            help="When the UDF fails on a group (or a micro-batch): 'fail' ends the task with an ErrorResponse (Kapacitor's convention); 'skip' drops those points, logged and counted, and goes on; 'dead-letter:DIR' also writes them to a new file in DIR as line protocol headed by the error.",
-        ),
-        click.option(
-            "--max-groups",
-            type=click.IntRange(min=1),
-            default=1_000_000,
-            show_default=True,
-            help="Groups whose history and state are kept; past it the least recently seen group's are dropped (logged), and it starts afresh if it comes back.",
-        ),
-        click.option(
-            "--max-frame-size",
-            type=click.IntRange(min=1024),
-            default=64 * 1024 * 1024,
-            show_default=True,
-            help="Largest frame accepted from Kapacitor, in bytes.",
-        ),
-        click.option(
-            "--adaptive-flush/--no-adaptive-flush",
-            default=True,
-            show_default=True,
-            help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches).",
-        ),
-        click.option(
-            "--drain-timeout",
-            type=DurationType(),
-            default="5s",
-            show_default=True,
-            help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log. Output no one takes for 1 s in that time (a task stop) is dropped at once.",
-        ),
+        click.option("--max-pending-points", type=click.IntRange(min=1), default=500_000, show_default=True, help="Points accepted but not yet computed before input is held back: past it one read every 5 ms (so keepalives are still answered) up to a tenth more, then none until compute makes room."),
+        click.option("--on-error", "on_error", type=ErrorPolicyType(), default="fail", show_default=True, help="When the UDF fails on a group (or a micro-batch): 'fail' ends the task with an ErrorResponse (Kapacitor's convention); 'skip' drops those points, logged and counted, and goes on; 'dead-letter:DIR' also writes them to a new file in DIR as line protocol headed by the error."),
+        click.option("--max-groups", type=click.IntRange(min=1), default=1_000_000, show_default=True, help="Groups whose history and state are kept; past it the least recently seen group's are dropped (logged), and it starts afresh if it comes back."),
+        click.option("--max-frame-size", type=click.IntRange(min=1024), default=64 * 1024 * 1024, show_default=True, help="Largest frame accepted from Kapacitor, in bytes."),
+        click.option("--adaptive-flush/--no-adaptive-flush", default=True, show_default=True, help="Compute buffered points at once when nothing is computing (low latency); with --no-adaptive-flush they wait for --flush-interval or --max-batch-points (bigger micro-batches)."),
+        click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log. Output no one takes for 1 s in that time (a task stop) is dropped at once."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
     ]
     for decorator in reversed(decorators):
@@ -207,16 +138,9 @@ def _load(target: str) -> UDFSpec:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(
-    master: str,
-    confs: tuple[tuple[str, str], ...],
-    spark_dispatch: str = "resident",
-    batch_timeout: float = 60.0,
-    local_while_starting: bool | None = None,
-    local_max_points: int = 0,
-    remote: str | None = None,
-) -> Engines:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Engines:
     from udf_agent.runtime.engines import Engines
+
 
     # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
     def make_spark() -> Any:
@@ -355,33 +279,11 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 @main.command(cls=_TargetCommand)
 @click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on.")
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
-@click.option(
-    "--max-connections",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Open sessions at most; a connection beyond gets an ErrorResponse saying so and is closed.",
-)
-@click.option(
-    "--init-timeout",
-    type=DurationType(),
-    default="60s",
-    show_default=True,
-    help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.",
-)
+@click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions at most; a connection beyond gets an ErrorResponse saying so and is closed.")
+@click.option("--init-timeout", type=DurationType(), default="60s", show_default=True, help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.")
 @click.argument("target")
 @_compute_options
-def serve(
-    socket_path: str,
-    socket_mode: str,
-    max_connections: int,
-    init_timeout: float,
-    target: str,
-    master: str,
-    confs: tuple[tuple[str, str], ...],
-    log_level: str,
-    **options: Any,
-) -> None:
+def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
@@ -421,9 +323,7 @@ def serve(
 @click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on (mode 0600).")
 @click.option("--settings", "settings_json", required=True, help="The Spark settings, as JSON: 'master', 'confs' and the engine options of 'run'.")
 @click.option("--idle-exit", type=DurationType(), default="10m", show_default=True, help="Exit after serving no task for this long.")
-@click.option(
-    "--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so."
-)
+@click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True)
 def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str) -> None:
     """The host's shared Spark server, which 'run' starts on first use: not normally run by hand.
@@ -534,52 +434,18 @@ def check(socket_path: str, timeout: float) -> None:
 @main.command(cls=_TargetCommand)
 @click.argument("target")
 @click.option("--input", "input_path", required=True, metavar="FILE|-", help="InfluxDB line protocol to replay, gzip or not; '-' reads stdin.")
-@click.option(
-    "--option",
-    "-o",
-    "option_calls",
-    multiple=True,
-    metavar="NAME=VALUE[,VALUE...]",
-    help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.",
-)
+@click.option("--option", "-o", "option_calls", multiple=True, metavar="NAME=VALUE[,VALUE...]", help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.")
 @click.option("--output", "output_path", default="-", show_default=True, metavar="FILE|-", help="Where the UDF's output goes, as line protocol.")
 @click.option("--group-by", multiple=True, metavar="TAG", help="Group points by this tag, as groupBy() does; repeatable. Without it, all points are one group.")
-@click.option(
-    "--batch-every",
-    callback=_tick_duration_ns,
-    metavar="DURATION",
-    help="For batch UDFs: cut each group's points into batches of this period, aligned as window().period(d).every(d).align() cuts them. Required for batch UDFs.",
-)
+@click.option("--batch-every", callback=_tick_duration_ns, metavar="DURATION", help="For batch UDFs: cut each group's points into batches of this period, aligned as window().period(d).every(d).align() cuts them. Required for batch UDFs.")
 @click.option("--precision", type=click.Choice(["ns", "us", "ms", "s"]), default="ns", show_default=True, help="Unit of the input's timestamps.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False),
-    metavar="FILE.png",
-    help="Also draw each group's input and output series over time into one PNG (needs the 'plot' extra).",
-)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png", help="Also draw each group's input and output series over time into one PNG (needs the 'plot' extra).")
 @click.option("--in-process", is_flag=True, help="Compute in this process instead of on Spark (the same code Spark's workers run): no JVM, quick tries.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
-@click.option(
-    "--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master."
-)
+@click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="warning", show_default=True)
-def replay(
-    target: str,
-    input_path: str,
-    option_calls: tuple[str, ...],
-    output_path: str,
-    group_by: tuple[str, ...],
-    batch_every: int | None,
-    precision: str,
-    plot_path: str | None,
-    in_process: bool,
-    master: str,
-    remote: str | None,
-    confs: tuple[tuple[str, str], ...],
-    log_level: str,
-) -> None:
+def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: tuple[tuple[str, str], ...], log_level: str) -> None:
     """Run TARGET over line protocol, without Kapacitor, and write its output as line protocol.
 
     The points go through the real agent (session, codec, micro-batches, Spark) as
@@ -644,9 +510,9 @@ def replay(
 
 
 def _named_fields(calls: list[udf_pb2.Option]) -> list[str]:
+    """The string values of the options: the input fields worth plotting, when they name some."""
     from udf_agent import udf_pb2
 
-    """The string values of the options: the input fields worth plotting, when they name some."""
     return [value.stringValue for call in calls for value in call.values if value.type == udf_pb2.STRING]
 
 
@@ -686,9 +552,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master to start, as for run.")
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to reach instead.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
-@click.option(
-    "--socket-dir", default=SOCKET_DIR, show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket)."
-)
+@click.option("--socket-dir", default=SOCKET_DIR, show_default=True, type=click.Path(file_okay=False), help="Where socket UDFs will listen (udf-agent serve --socket).")
 def doctor(master: str, remote: str | None, confs: tuple[tuple[str, str], ...], socket_dir: str) -> None:
     """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
     the socket directory. One line each, OK or what to do; exit 1 if any fails."""

@@ -15,16 +15,7 @@ if TYPE_CHECKING:
     from udf_agent import udf_pb2
 
 # TICKscript duration units in nanoseconds (tick/ast/lex.go): u and µ are microseconds, no ns.
-DURATION_UNITS = {
-    "u": 1_000,
-    "µ": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-    "d": 86_400_000_000_000,
-    "w": 604_800_000_000_000,
-}
+DURATION_UNITS = {"u": 1_000, "µ": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000, "d": 86_400_000_000_000, "w": 604_800_000_000_000}
 _DURATION = re.compile(rf"^(-?\d+)({'|'.join(DURATION_UNITS)})$")
 _INT = re.compile(r"^-?\d+$")
 _FLOAT = re.compile(r"^-?(\d+\.\d*|\.\d+)$")
@@ -40,9 +31,9 @@ class TickError(ValueError):
 
 
 def literal(text: str) -> udf_pb2.OptionValue:
+    """One TICKscript literal as Kapacitor types it."""
     from udf_agent import udf_pb2  # here: the command line of a relaying task needs no protobuf
 
-    """One TICKscript literal as Kapacitor types it."""
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] == "'":
         return udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=text[1:-1].replace("\\'", "'"))

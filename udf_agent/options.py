@@ -106,7 +106,10 @@ class Option:
             raise TypeError(f"option {self.name!r} declares no value type")
         unknown = [t for t in types if t not in _TYPE_TO_WIRE]
         if unknown:
-            raise TypeError(f"option {self.name!r}: unsupported type {unknown[0]!r} (use bool, int, float, str or udf_agent.Duration)")
+            raise TypeError(
+                f"option {self.name!r}: unsupported type {unknown[0]!r} "
+                "(use bool, int, float, str or udf_agent.Duration)"
+            )
         object.__setattr__(self, "value_types", tuple(_TYPE_TO_WIRE[t] for t in types))
 
     @property
@@ -251,13 +254,19 @@ def parse_options(declared: Sequence[Option], given: Sequence[udf_pb2.Option]) -
 
 def _option_value(spec: Option, option: udf_pb2.Option, problems: list[str]) -> Any:
     if len(option.values) != len(spec.value_types):
-        problems.append(f"option {spec.name!r} takes {len(spec.value_types)} value(s) ({_signature(spec)}), got {len(option.values)}")
+        problems.append(
+            f"option {spec.name!r} takes {len(spec.value_types)} value(s) ({_signature(spec)}), "
+            f"got {len(option.values)}"
+        )
         return _REQUIRED
     values = []
     for position, (wire_value, wanted) in enumerate(zip(option.values, spec.value_types), 1):
         if wire_value.type != wanted:
             where = f" value {position}" if len(spec.value_types) > 1 else ""
-            problems.append(f"option {spec.name!r}{where} must be {_WIRE_NAMES[wanted]}, got {_WIRE_NAMES.get(wire_value.type, wire_value.type)}")
+            problems.append(
+                f"option {spec.name!r}{where} must be {_WIRE_NAMES[wanted]}, "
+                f"got {_WIRE_NAMES.get(wire_value.type, wire_value.type)}"
+            )
             return _REQUIRED
         values.append(getattr(wire_value, _VALUE_FIELD[wanted]))
     return values[0] if len(values) == 1 else tuple(values)

@@ -25,7 +25,9 @@ def resolve_target(target: str) -> UDFSpec:
     if target in builtins:
         return builtins[target]
     if ":" not in target:
-        raise TargetError(f"{target!r} is neither a built-in ({', '.join(sorted(builtins))}) nor of the form package.module:attribute")
+        raise TargetError(
+            f"{target!r} is neither a built-in ({', '.join(sorted(builtins))}) nor of the form package.module:attribute"
+        )
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise TargetError(f"{target!r} must be of the form package.module:attribute")

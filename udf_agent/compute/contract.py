@@ -54,27 +54,15 @@ class Result(NamedTuple):
 
 TASK_SCHEMA = pa.schema(
     [
-        ("seq", pa.int64()),
-        ("key", pa.string()),
-        ("data", pa.binary()),
-        ("history", pa.binary()),
-        ("state", pa.string()),
-        ("batch_name", pa.string()),
-        ("batch_tag_keys", pa.list_(pa.string())),
-        ("batch_tag_values", pa.list_(pa.string())),
-        ("batch_tmax", pa.int64()),
-        ("batch_by_name", pa.bool_()),
+        ("seq", pa.int64()), ("key", pa.string()), ("data", pa.binary()), ("history", pa.binary()), ("state", pa.string()),
+        ("batch_name", pa.string()), ("batch_tag_keys", pa.list_(pa.string())), ("batch_tag_values", pa.list_(pa.string())),
+        ("batch_tmax", pa.int64()), ("batch_by_name", pa.bool_()),
     ]
 )
 RESULT_SCHEMA = pa.schema(
     [
-        ("seq", pa.int64()),
-        ("key", pa.string()),
-        ("output", pa.binary()),
-        ("history", pa.binary()),
-        ("state", pa.string()),
-        ("error", pa.string()),
-        ("emitted", pa.int64()),
+        ("seq", pa.int64()), ("key", pa.string()), ("output", pa.binary()), ("history", pa.binary()),
+        ("state", pa.string()), ("error", pa.string()), ("emitted", pa.int64()),
     ]
 )
 assert TASK_SCHEMA.names == list(Task._fields) and RESULT_SCHEMA.names == list(Result._fields)

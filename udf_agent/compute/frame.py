@@ -38,7 +38,9 @@ def user_frame(data: pa.Table) -> tuple[pd.DataFrame, Layout]:
         prefix = cols.column_prefix(name) if ":" in name else ""
         if prefix in cols.FIELD_PREFIXES:
             field_kinds.setdefault(name[len(prefix) :], []).append(name)
-    columns: dict[str, Any] = {TIME_COLUMN: pd.DatetimeIndex(data.column(cols.TIME).to_numpy().view("M8[ns]")).tz_localize("UTC")}
+    columns: dict[str, Any] = {
+        TIME_COLUMN: pd.DatetimeIndex(data.column(cols.TIME).to_numpy().view("M8[ns]")).tz_localize("UTC")
+    }
     layout = Layout(tag_columns={})
     for name in sorted(n for n in names if n.startswith(cols.TAG)):
         key = name[len(cols.TAG) :]

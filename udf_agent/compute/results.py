@@ -49,7 +49,10 @@ def output_points(
     elif TIME_COLUMN in result.columns:
         result = result.iloc[np.argsort(_times(result[TIME_COLUMN]), kind="stable")]
     else:
-        raise ValueError(f"result rows must keep the input's index labels, or carry a 'time' column (got index {result.index[:5].tolist()!r}...)")
+        raise ValueError(
+            "result rows must keep the input's index labels, or carry a 'time' column "
+            f"(got index {result.index[:5].tolist()!r}...)"
+        )
     count = len(result)
     if count == 0:
         return []
@@ -188,7 +191,9 @@ def _field_kind(column: Any, values: pd.Series) -> str:
         return "double"
     if pd.api.types.is_string_dtype(dtype) or pd.api.types.is_object_dtype(dtype):
         return "value"
-    raise TypeError(f"result column {column!r} has dtype {dtype}; fields must be float, int, bool or str")
+    raise TypeError(
+        f"result column {column!r} has dtype {dtype}; fields must be float, int, bool or str"
+    )
 
 
 def _set_field(point: udf_pb2.Point, key: str, kind: str, value: Any) -> None:

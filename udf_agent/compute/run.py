@@ -29,6 +29,7 @@ from udf_agent.wire.guard import encode_batch, encode_points
 log = logging.getLogger(__name__)
 
 
+
 def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The body of the pandas UDF of a Spark job per micro-batch: task rows in, result rows out."""
     for frame in frames:
@@ -66,12 +67,10 @@ def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Tab
     window = job.history_window
     if job.spec.vectorized:
         return _run_vectorized(job, tasks, rows, data, headers, groups, window)
-    return results_table(
-        [
-            _run_group(job, task, data.slice(start, end - start), headers, int(start), history_rows, window)
-            for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
-        ]
-    )
+    return results_table([
+        _run_group(job, task, data.slice(start, end - start), headers, int(start), history_rows, window)
+        for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
+    ])
 
 
 def _run_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:
@@ -114,7 +113,9 @@ def _run_vectorized(
 def _binary(data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     """A binary array over ``data`` (item i: ``data[offsets[i]:offsets[i + 1]]``), without copying it."""
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1, [bitmap, pa.py_buffer(np.ascontiguousarray(offsets, np.int32)), pa.py_buffer(data)])
+    return pa.Array.from_buffers(
+        pa.binary(), len(offsets) - 1, [bitmap, pa.py_buffer(np.ascontiguousarray(offsets, np.int32)), pa.py_buffer(data)]
+    )
 
 
 def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> pa.Array:
@@ -306,3 +307,5 @@ def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, wi
     else:
         rows = np.flatnonzero(times >= times.max() - window["ns"])
     return headers.points_bytes(rows + first) if len(rows) else None
+
+

@@ -51,9 +51,7 @@ def resample(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     gridded = combined.reindex(grid)
     fill = ctx.options["fill"]
     if fill == "linear":
-        gridded = gridded.apply(
-            lambda column: pd.Series(np.interp(grid, column.dropna().index, column.dropna().to_numpy()), index=grid) if column.notna().any() else column
-        )
+        gridded = gridded.apply(lambda column: pd.Series(np.interp(grid, column.dropna().index, column.dropna().to_numpy()), index=grid) if column.notna().any() else column)
     elif fill == "previous":
         gridded = gridded.ffill()
     gridded = gridded.dropna(how="all")

@@ -209,10 +209,7 @@ class Agent:
             )
             log.warning(
                 "after %s: %d accepted point(s) not computed, %d output frame(s) (%d bytes) not written; the rest was sent",
-                after,
-                not_computed,
-                frames,
-                size,
+                after, not_computed, frames, size,
             )
 
     def _adopt(self, spec: UDFSpec) -> None:
@@ -501,11 +498,7 @@ class Agent:
             raise UDFError(_error_summary(done.failure))
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count,
-            len(done.counts),
-            sum(done.counts),
-            time.monotonic() - started,
-            engine.name,
+            batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
         )
 
     def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
@@ -602,6 +595,7 @@ def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes]
         return [int(grouped.counts[first + row]) for row in rows]
     ends = [prefixed_ends(data[row]) for row in rows]
     return [0 if row_ends is None else len(row_ends) for row_ends in ends]
+
 
 
 def _error_summary(error: str) -> str:

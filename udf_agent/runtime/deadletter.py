@@ -42,7 +42,7 @@ def line_protocol(points: bytes) -> list[str]:
         for name in tag_names:
             value = columns[name][row]
             if value is not None and value != "":
-                head += f",{_escape(name[len(cols.TAG) :], ',= ')}={_escape(value, ',= ')}"
+                head += f",{_escape(name[len(cols.TAG):], ',= ')}={_escape(value, ',= ')}"
         fields = []
         for name in field_names:
             value = columns[name][row]

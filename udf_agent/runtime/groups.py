@@ -50,9 +50,7 @@ class GroupStore:
         self.evicted += excess
         log.warning(
             "--max-groups %d reached: dropped the kept history and state of the %d least recently seen group(s) (%d so far)",
-            self.max_groups,
-            excess,
-            self.evicted,
+            self.max_groups, excess, self.evicted,
         )
 
     def snapshot(self, udf_name: str, options: dict[str, Any] | None) -> bytes:

@@ -305,7 +305,8 @@ class Session:
         """End of input: everything accepted goes to compute."""
         if self._open_batch is not None:
             log.warning(
-                "input ended inside batch %r of group %r: its %d point(s) were never closed by an EndBatch and are not computed",
+                "input ended inside batch %r of group %r: its %d point(s) were never closed by an "
+                "EndBatch and are not computed",
                 self._open_batch.name,
                 self._open_batch.group,
                 self._open_batch.rows.count,

@@ -53,16 +53,9 @@ def batch_task_runs(batch: BatchMicroBatch, store: GroupStore) -> Iterator[pa.Ta
         _, state = store.get(kbatch.group)
         rows.append(
             Task(
-                seq,
-                kbatch.group,
-                kbatch.rows.encoded(),
-                None,
-                state,
-                batch_name=kbatch.name,
-                batch_tag_keys=list(kbatch.tags),
-                batch_tag_values=list(kbatch.tags.values()),
-                batch_tmax=kbatch.tmax,
-                batch_by_name=kbatch.by_name,
+                seq, kbatch.group, kbatch.rows.encoded(), None, state,
+                batch_name=kbatch.name, batch_tag_keys=list(kbatch.tags), batch_tag_values=list(kbatch.tags.values()),
+                batch_tmax=kbatch.tmax, batch_by_name=kbatch.by_name,
             )
         )
     yield tasks_table(rows)

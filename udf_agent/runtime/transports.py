@@ -19,6 +19,8 @@ from udf_agent.runtime.connection import Deadline, WriteTimeout
 log = logging.getLogger(__name__)
 
 
+
+
 # Linux pipes hold 64 KiB by default: every read and write then moves only a few hundred
 # points, and the per-call costs dominate. Bigger is not better either: a keepalive waits
 # behind everything queued in the pipe (the agent sizes its input pipe for the UDF's pace).

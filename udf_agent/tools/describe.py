@@ -72,11 +72,7 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
         '#   timeout = "10s"',
     ]
     call = "".join(f".{o.name}({render_example(o)})" for o in spec.options if not o.multiple)
-    source = (
-        "stream\n    |from()\n        .measurement('cpu')"
-        if spec.wants == "stream"
-        else 'batch\n    |query(\'SELECT * FROM "telegraf"."autogen"."cpu"\')\n        .period(1m)\n        .every(1m)'
-    )
+    source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
 

@@ -72,13 +72,7 @@ def check_spark(make_spark: Callable[[], SparkEngine]) -> Check:
 def check_socket_dir(directory: str) -> Check:
     name = "socket dir"
     if not os.path.isdir(directory):
-        return Check(
-            name,
-            False,
-            f"{directory} does not exist: create it for the user kapacitord runs as, e.g. sudo install -d -o kapacitor -g kapacitor -m 0750 {directory} (or pass --socket-dir)",
-        )
+        return Check(name, False, f"{directory} does not exist: create it for the user kapacitord runs as, e.g. sudo install -d -o kapacitor -g kapacitor -m 0750 {directory} (or pass --socket-dir)")
     if not os.access(directory, os.W_OK | os.X_OK):
-        return Check(
-            name, False, f"{directory} is not writable by this user (uid {os.getuid()}): chown it to the user that runs udf-agent serve, or pass --socket-dir"
-        )
+        return Check(name, False, f"{directory} is not writable by this user (uid {os.getuid()}): chown it to the user that runs udf-agent serve, or pass --socket-dir")
     return Check(name, True, f"{directory} is writable: udf-agent serve --socket {os.path.join(directory, 'NAME.sock')} TARGET")

@@ -77,9 +77,7 @@ def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[Out
     return figure
 
 
-def save_replay_plot(
-    path: str, title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()
-) -> None:
+def save_replay_plot(path: str, title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> None:
     """Draws ``replay_figure`` into the PNG file PATH."""
     import matplotlib.pyplot as plt
 

@@ -156,7 +156,9 @@ class FrameSplitter:
     def close(self) -> None:
         """Declares end of input; a partial frame left over is an error."""
         if self._buffer:
-            raise ProtocolError(f"input ended inside a frame ({len(self._buffer)} bytes of an unfinished frame)")
+            raise ProtocolError(
+                f"input ended inside a frame ({len(self._buffer)} bytes of an unfinished frame)"
+            )
 
     def _read_length(self, buffer: bytearray, pos: int, size: int) -> tuple[int | None, int]:
         value = 0
@@ -165,7 +167,9 @@ class FrameSplitter:
             byte = buffer[index]
             value |= (byte & 0x7F) << shift
             if value > self.max_frame_size:
-                raise ProtocolError(f"frame {self.frames + 1} declares a length above the {self.max_frame_size}-byte limit")
+                raise ProtocolError(
+                    f"frame {self.frames + 1} declares a length above the {self.max_frame_size}-byte limit"
+                )
             if not byte & 0x80:
                 return value, index + 1
             shift += 7

@@ -54,6 +54,8 @@ class OutputGuard:
         return encode_frame(response)
 
 
+
+
 def encode_points(points: Iterable[udf_pb2.Point]) -> bytes:
     """Frames for output points, each a Response whose only field is the point.
 
@@ -91,3 +93,4 @@ def error_frame(message: str) -> bytes:
 
 def keepalive_frame(time: int) -> bytes:
     return encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=time)))
+

@@ -60,19 +60,9 @@ def _count(buf: Any) -> tuple[int, int, int, int]:
 @njit(cache=True, nogil=True)
 def _decode(
     buf: Any,
-    time: Any,
-    strings: Any,
-    by_name: Any,
-    header: Any,
-    span: Any,
-    dim_point: Any,
-    dim_span: Any,
-    entry_point: Any,
-    entry_field: Any,
-    entry_key: Any,
-    entry_value: Any,
-    entry_number: Any,
-    entry_hash: Any,
+    time: Any, strings: Any, by_name: Any, header: Any, span: Any,
+    dim_point: Any, dim_span: Any,
+    entry_point: Any, entry_field: Any, entry_key: Any, entry_value: Any, entry_number: Any, entry_hash: Any,
 ) -> int:
     """Fills the arrays (sized by ``_count``); returns the number of a bad point, or -1.
 
@@ -461,13 +451,8 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
     key_offsets = np.zeros(len(keys) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=key_offsets[1:])
     out, ends = _encode(
-        headers.buf,
-        headers.spans,
-        headers.by_name,
-        rows.astype(np.int64),
-        np.array(kinds, np.int64),
-        np.frombuffer(b"".join(keys), np.uint8),
-        key_offsets,
+        headers.buf, headers.spans, headers.by_name, rows.astype(np.int64),
+        np.array(kinds, np.int64), np.frombuffer(b"".join(keys), np.uint8), key_offsets,
         np.column_stack(numbers) if numbers else np.zeros((len(rows), 0), np.int64),
     )
     return out.tobytes(), ends
@@ -493,20 +478,8 @@ class _Columns:
         self.entry_number = np.empty(entries, np.int64)
         entry_hash = np.empty(entries, np.uint64)
         bad = _decode(
-            buf,
-            self.time,
-            self.strings,
-            self.by_name,
-            self.header,
-            self.span,
-            self.dim_point,
-            self.dim_span,
-            self.entry_point,
-            self.entry_field,
-            self.entry_key,
-            self.entry_value,
-            self.entry_number,
-            entry_hash,
+            buf, self.time, self.strings, self.by_name, self.header, self.span, self.dim_point, self.dim_span,
+            self.entry_point, self.entry_field, self.entry_key, self.entry_value, self.entry_number, entry_hash,
         )
         if bad >= 0:
             raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")

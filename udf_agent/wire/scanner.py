@@ -246,14 +246,8 @@ def scan(buffer: Any, limit: int, capacity: int) -> Frames:
     group_end = np.empty(capacity, np.int64)
     count, consumed, outcome = _scan(view, limit, body_start, body_end, kind, group_start, group_end)
     return Frames(
-        count,
-        consumed,
-        outcome,
-        body_start[:count],
-        body_end[:count],
-        kind[:count],
-        group_start[:count],
-        group_end[:count],
+        count, consumed, outcome,
+        body_start[:count], body_end[:count], kind[:count], group_start[:count], group_end[:count],
     )
 
 
