@@ -218,7 +218,7 @@ def scaling(work: Path, batches: int, points: int, resamples: int, rounds: int =
     for workers in (1, 2):
         with standalone_cluster(work / f"scaling{workers}", workers=workers, cores=1) as (url, _):
             driver = KapacitorDriver(
-                "run", "benchmarks.heavy_udfs:trend_fit", "--master", url, "--flush-interval", "50ms", *SINGLE_THREADED, env={"UDF_AGENT_OWN_SPARK": "1"}, cwd=REPO
+                "run", "benchmarks.heavy_udfs:trend_fit", "--master", url, "--flush-interval", "50ms", f"--conf=spark.cores.max={workers}", *SINGLE_THREADED, env={"UDF_AGENT_OWN_SPARK": "1"}, cwd=REPO
             )
             try:
                 assert driver.init(option("field", "value"), option("resamples", resamples)).success

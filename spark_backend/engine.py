@@ -20,6 +20,7 @@ out for Kapacitor, where many small groups are the normal case.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 import pandas as pd
 import pyarrow as pa
 
-from spark_backend.resident import ResidentWorkers
+from spark_backend.resident import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker, ResidentWorkers
 from spark_backend.sessions import SparkSession, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec
@@ -43,6 +44,9 @@ log = logging.getLogger(__name__)
 # What a Spark job per micro-batch declares: the compute contract's own schemas.
 TASK_DDL = spark_ddl(TASK_SCHEMA)
 RESULT_DDL = spark_ddl(RESULT_SCHEMA)
+
+# How often a micro-batch running as a Spark job checks whether a resident worker connected.
+CANCEL_CHECK_INTERVAL = 0.5
 
 # How often the log says how long Spark has been starting.
 START_REPORT_INTERVAL = 5.0
@@ -63,6 +67,8 @@ class SparkEngine:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._resident: ResidentWorkers | None = None
+        self._fell_back = False
+        self._fallbacks = itertools.count()
         if session is not None:
             self._start_dispatch(session)
             self._ready.set()
@@ -121,8 +127,53 @@ class SparkEngine:
         return None if session is None else session.jvm_exit_code()
 
     def _run(self, job: Job, tasks: pa.Table) -> pa.Table:
-        if self._resident is not None:
-            return self._resident.run(job, tasks)
+        resident = self._resident
+        if resident is None:
+            return self._run_as_job(job, tasks)
+        while True:
+            try:
+                results = resident.run(job, tasks)
+            except NoResidentWorker as exc:
+                if not self._fell_back:  # each switch is logged, not every micro-batch
+                    log.info("%s: micro-batches run as Spark jobs until one connects", exc)
+                self._fell_back = True
+                fallback = self._run_until_resident(resident, job, tasks)
+                if fallback is None:
+                    continue  # a worker connected: the micro-batch goes to it
+                return fallback
+            if self._fell_back:
+                log.info("micro-batches run on Spark's resident workers again")
+            self._fell_back = False
+            return results
+
+    def _run_until_resident(self, resident: ResidentWorkers, job: Job, tasks: pa.Table) -> pa.Table | None:
+        """The micro-batch as a Spark job, cancelled (None) as soon as a resident worker
+        connects: the job may be waiting for the very cores the resident tasks now hold."""
+        assert self._session is not None
+        session = self._session
+        tag = f"udf-agent-fallback-{os.getpid()}-{id(self)}-{next(self._fallbacks)}"
+        done = threading.Event()
+        cancelled = threading.Event()
+
+        def cancel_once_resident() -> None:
+            while not done.wait(CANCEL_CHECK_INTERVAL):
+                if resident.connected():
+                    cancelled.set()
+                    session.cancel(tag)  # again until the job ends: it may not be submitted yet
+
+        threading.Thread(target=cancel_once_resident, name="spark-fallback-cancel", daemon=True).start()
+        session.tag_jobs(tag)
+        try:
+            return self._run_as_job(job, tasks)
+        except Exception:
+            if cancelled.is_set():
+                return None
+            raise
+        finally:
+            done.set()
+            session.untag_jobs(tag)
+
+    def _run_as_job(self, job: Job, tasks: pa.Table) -> pa.Table:
         assert self._session is not None  # ready
         frame = self._session.dataframes.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
         results = frame.mapInPandas(functools.partial(run_partition, job), schema=RESULT_DDL).toPandas()
@@ -159,7 +210,6 @@ class SparkEngine:
         while not self._ready.wait(START_REPORT_INTERVAL):
             log.info("waiting for Spark to start: %.0f s so far", time.monotonic() - started)
 
-
     def _replace_dead_jvm(self, exit_code: int) -> None:
         """The JVM died (killed, out of memory): a new Spark starts in the background; the
         micro-batch under way fails if it needed the old one, the next ones wait for the new."""
@@ -187,9 +237,14 @@ class SparkEngine:
 
     def _start_dispatch(self, session: SparkSession) -> None:
         if self.settings.dispatch == "resident":
-            slots = self.settings.resident_slots or session.parallelism()
-            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout)
+            slots = self.settings.resident_slots or session.cores()
+            # An embedded Spark's cores are this process's own, so its workers are sure to
+            # come: wait for them. A cluster or Connect server may have no core free for one
+            # yet; micro-batches then run as Spark jobs, which its scheduler shares.
+            first_worker_wait = START_TIMEOUT if session.url.startswith("local") else FIRST_WORKER_WAIT
+            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout, self.settings.resident_idle, first_worker_wait)
             resident.start()
+            resident.wait_for_workers(1, first_worker_wait)
             self._resident = resident
         else:
             try:
@@ -222,7 +277,7 @@ def ship_by_value(spec: UDFSpec) -> None:
 
 def _warm_workers(session: SparkSession) -> None:
     """Runs one tiny job so the first micro-batch does not pay for starting Python workers."""
-    frame = session.dataframes.createDataFrame(pd.DataFrame({"n": range(session.parallelism())}), schema="n long")
+    frame = session.dataframes.createDataFrame(pd.DataFrame({"n": range(session.cores())}), schema="n long")
     frame.mapInPandas(_import_compute, schema="n long").count()
 
 

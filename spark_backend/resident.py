@@ -53,8 +53,15 @@ T = TypeVar("T")
 
 # Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
 SPLIT_BYTES = 512 * 1024
+
+
 class WorkerLost(Exception):
     """A worker did not return its part of a micro-batch (the cause is the message)."""
+
+
+class NoResidentWorker(Exception):
+    """No resident worker is connected (Spark has no free core for one yet, or they were
+    released after an idle spell): the engine runs the micro-batch as a Spark job."""
 
 
 class ResidentStartError(RuntimeError):
@@ -72,68 +79,141 @@ class _Worker:
         return f"resident worker {self.slot} (pid {self.pid})"
 
 
-class ResidentWorkers:
-    """The agent's end of the resident job: launches it, feeds it, relaunches it."""
+# On a cluster or Spark Connect a micro-batch waits this long after a launch for the first
+# worker to connect; past it, micro-batches run as Spark jobs until one does (Spark's
+# scheduler then shares the cores).
+FIRST_WORKER_WAIT = 2.0
+# How long Spark may take to start a launch's first worker.
+START_TIMEOUT = 120.0
+# A resident job that ended with no worker connected (its tasks failed) is launched again
+# at most this often; micro-batches run as Spark jobs meanwhile.
+RELAUNCH_INTERVAL = 30.0
 
-    def __init__(self, session: SparkSession, slots: int, host: str, batch_timeout: float, start_timeout: float = 120.0):
+
+class ResidentWorkers:
+    """The agent's end of the resident job: launches it, feeds it, relaunches it, and
+    releases it when idle.
+
+    Workers join as Spark gives their tasks a core: the first one connected computes, the
+    others take their share as they arrive. ``slots`` should be the cores the application
+    has: a resident task holds its core for as long as it lives.
+    """
+
+    def __init__(self, session: SparkSession, slots: int, host: str, batch_timeout: float, idle_release: float | None = None, first_worker_wait: float = FIRST_WORKER_WAIT):
         self._session = session
         self.slots = slots
         self._host = host
         self.batch_timeout = batch_timeout
-        self._start_timeout = start_timeout
+        self._idle_release = idle_release
+        self.first_worker_wait = first_worker_wait
+        # Connected workers: the listener thread adds, micro-batches (under _lock) use them.
         self._workers: list[_Worker] = []
+        self._joined = threading.Condition()
+        self._launched_at = 0.0
+        self._generation = 0
         self._job_thread: threading.Thread | None = None
         self._job_group = ""
         self._job_error: BaseException | None = None
         self._launches = 0
+        self._released = False
+        self._last_used = time.monotonic()
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
         # One micro-batch at a time: a relaunch must not pull workers from under another.
         self._lock = threading.Lock()
-        self._stopped = False
+        self._stopped = threading.Event()
 
     @property
     def launches(self) -> int:
         return self._launches
 
+    @property
+    def released(self) -> bool:
+        """Whether the workers were let go after an idle spell (relaunched on demand)."""
+        return self._released
+
     def worker_pids(self) -> list[int]:
-        return [worker.pid for worker in self._workers]
+        with self._joined:
+            return [worker.pid for worker in self._workers]
 
     def start(self) -> None:
+        """Launches the resident job; its workers connect in the background."""
         with self._lock:
             self._launch()
+        if self._idle_release is not None:
+            threading.Thread(target=self._release_when_idle, name="spark-resident-idle", daemon=True).start()
+
+    def wait_for_workers(self, count: int, timeout: float) -> bool:
+        """Whether ``count`` workers are connected within ``timeout`` seconds."""
+        with self._joined:
+            self._joined.wait_for(lambda: len(self._workers) >= count or self._stopped.is_set() or self._job_ended(), timeout)
+            return len(self._workers) >= count
+
+    def _job_ended(self) -> bool:
+        thread = self._job_thread
+        return thread is None or not thread.is_alive()
 
     def run(self, job: Job, tasks: pa.Table) -> pa.Table:
         with self._lock:
-            if self._stopped:
+            if self._stopped.is_set():
                 raise WorkerLost("the engine was stopped")
+            self._last_used = time.monotonic()
             try:
-                return self._run_once(job, tasks)
-            except WorkerLost as first:
-                log.warning("%s; relaunching Spark's resident workers and retrying the micro-batch once", first)
-                self._relaunch()
-                try:
-                    return self._run_once(job, tasks)
-                except WorkerLost as second:
-                    self._relaunch_quietly()
-                    raise WorkerLost(
-                        f"UDF {job.spec.name!r}: a micro-batch of {tasks.num_rows} group(s) failed twice on Spark's resident workers: "
-                        f"{first}; then {second}"
-                    ) from second
+                self._await_first_worker()
+                return self._run_with_retry(job, tasks)
+            finally:
+                self._last_used = time.monotonic()
 
     def stop(self) -> None:
+        self._stopped.set()
         with self._lock:
-            self._stopped = True
             self._retire(clean_end=5.0, after_cancel=5.0)
+
+    def _await_first_worker(self) -> None:
+        """Returns once a worker is connected; NoResidentWorker if none is by the end of the
+        launch's grace, relaunching first when the workers were released or their job died."""
+        if self.connected():
+            return
+        if self._released or (self._job_ended() and time.monotonic() - self._launched_at >= RELAUNCH_INTERVAL):
+            if self._released:
+                log.info("a micro-batch after an idle spell: relaunching the resident workers")
+            self._retire(clean_end=0.0, after_cancel=5.0)
+            self._launch()
+        wait = self._launched_at + self.first_worker_wait - time.monotonic()
+        if wait > 0 and self.wait_for_workers(1, wait):
+            return
+        cause = f"its job ended: {first_line(self._job_error)}" if self._job_error is not None else "Spark has no free core for one yet"
+        raise NoResidentWorker(f"no resident worker is connected ({cause})")
+
+    def _run_with_retry(self, job: Job, tasks: pa.Table) -> pa.Table:
+        try:
+            return self._run_once(job, tasks)
+        except WorkerLost as first:
+            log.warning("%s; relaunching Spark's resident workers and retrying the micro-batch once", first)
+            self._relaunch()
+            try:
+                return self._run_once(job, tasks)
+            except WorkerLost as second:
+                self._relaunch_quietly()
+                raise WorkerLost(
+                    f"UDF {job.spec.name!r}: a micro-batch of {tasks.num_rows} group(s) failed twice on Spark's resident workers: {first}; then {second}"
+                ) from second
+
+    def connected(self) -> bool:
+        """Whether a worker is connected now."""
+        with self._joined:
+            return bool(self._workers)
 
     # ---- one micro-batch ----
 
     def _run_once(self, job: Job, tasks: pa.Table) -> pa.Table:
-        if not self._workers:
+        with self._joined:
+            workers = list(self._workers)
+        if not workers:
             raise WorkerLost("no resident worker is connected")
         key, pickled = self._job_pickle(job)
-        parts = _split(tasks, len(self._workers))
+        parts = _split(tasks, len(workers))
         deadline = time.monotonic() + self.batch_timeout
-        used = self._workers[: len(parts)]
+        used = workers[: len(parts)]
         for worker, part in zip(used, parts):
             payload = table_to_ipc_buffer(part)
             self._exchange(worker, deadline, functools.partial(self._send_tasks, worker, key, pickled, payload))
@@ -180,39 +260,51 @@ class ResidentWorkers:
     # ---- the resident job ----
 
     def _launch(self) -> None:
+        """Starts the resident job and a thread that admits its workers as they connect."""
         self._launches += 1
+        self._generation += 1
+        self._released = False
+        self._launched_at = time.monotonic()
         token = secrets.token_hex(16)
         self._job_group = f"udf-agent-resident-{os.getpid()}-{id(self)}-{self._launches}"
         self._job_error = None
-        with socket.create_server((self._host, 0)) as listener:
-            address = (self._host, listener.getsockname()[1])
-            self._job_thread = threading.Thread(
-                target=self._run_job, args=(self._job_group, address, token), name="spark-resident-job", daemon=True
-            )
-            self._job_thread.start()
-            self._workers = self._accept(listener, token, time.monotonic() + self._start_timeout)
-        log.info("%d resident Spark worker(s) ready (pids %s)", len(self._workers), ", ".join(str(p) for p in self.worker_pids()))
+        listener = socket.create_server((self._host, 0))
+        address = (self._host, listener.getsockname()[1])
+        self._job_thread = threading.Thread(target=self._run_job, args=(self._job_group, address, token), name="spark-resident-job", daemon=True)
+        self._job_thread.start()
+        threading.Thread(target=self._admit, args=(listener, token, self._generation, self._job_thread), name="spark-resident-admit", daemon=True).start()
 
-    def _accept(self, listener: socket.socket, token: str, deadline: float) -> list[_Worker]:
-        workers: list[_Worker] = []
-        while len(workers) < self.slots:
-            thread = self._job_thread
-            if thread is not None and not thread.is_alive():
-                raise ResidentStartError(f"Spark's resident job ended before its workers connected: {first_line(self._job_error or 'no error reported')}")
-            if time.monotonic() >= deadline:
-                if workers:
-                    log.warning("only %d of %d resident workers connected; carrying on with them", len(workers), self.slots)
-                    break
-                raise ResidentStartError(f"no resident Spark worker connected within {self._start_timeout:g} s")
+    def _admit(self, listener: socket.socket, token: str, generation: int, job_thread: threading.Thread) -> None:
+        """Accepts the launch's workers until every slot has one, the job ends or the
+        workers are retired; a worker counts from the moment it connects."""
+        with listener:
             listener.settimeout(0.2)
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            worker = self._greet(sock, token)
-            if worker is not None:
-                workers.append(worker)
-        return sorted(workers, key=lambda w: w.slot)
+            while generation == self._generation and not self._stopped.is_set():
+                with self._joined:
+                    if len(self._workers) >= self.slots:
+                        return
+                if not job_thread.is_alive():
+                    log.warning(
+                        "Spark's resident job ended with %d worker(s) connected: %s", len(self._workers), first_line(self._job_error or "no error reported")
+                    )
+                    with self._joined:
+                        self._joined.notify_all()
+                    return
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                worker = self._greet(sock, token)
+                if worker is None:
+                    continue
+                with self._joined:
+                    if generation != self._generation:
+                        worker.sock.close()
+                        return
+                    self._workers = sorted([*self._workers, worker], key=lambda w: w.slot)
+                    count = len(self._workers)
+                    self._joined.notify_all()
+                log.info("%s ready: %d of %d resident Spark worker(s) connected", worker, count, self.slots)
 
     def _greet(self, sock: socket.socket, token: str) -> _Worker | None:
         try:
@@ -240,11 +332,12 @@ class ResidentWorkers:
             self._job_error = exc
 
     def _relaunch(self) -> None:
+        """Fresh workers for a retry: waits for the first of them (up to the start timeout)."""
         self._retire(clean_end=1.0, after_cancel=30.0)
-        try:
-            self._launch()
-        except ResidentStartError as exc:
-            raise WorkerLost(f"relaunching the resident workers failed: {exc}") from exc
+        self._launch()
+        if not self.wait_for_workers(1, START_TIMEOUT):
+            reason = first_line(self._job_error) if self._job_error is not None else f"no worker connected within {START_TIMEOUT:g} s"
+            raise WorkerLost(f"relaunching the resident workers failed: {reason}")
 
     def _relaunch_quietly(self) -> None:
         """After a failed retry: fresh workers for the next micro-batch, if they start."""
@@ -253,12 +346,31 @@ class ResidentWorkers:
         except WorkerLost as exc:
             log.error("%s", exc)
 
+    def _release_when_idle(self) -> None:
+        """Ends the workers after ``idle_release`` seconds without a micro-batch: their cores
+        go back to Spark (and, on a cluster, its executors to the cluster)."""
+        assert self._idle_release is not None
+        while not self._stopped.wait(min(1.0, self._idle_release / 4)):
+            idle = time.monotonic() - self._last_used
+            if idle < self._idle_release or not self.connected() or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                if self.connected() and not self._stopped.is_set() and time.monotonic() - self._last_used >= self._idle_release:
+                    log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
+                    self._retire(clean_end=1.0, after_cancel=5.0)
+                    self._released = True
+            finally:
+                self._lock.release()
+
     def _retire(self, clean_end: float, after_cancel: float) -> None:
         """Closes every connection, after which a worker's task ends; a job still running
-        ``clean_end`` seconds later (a stuck worker) is cancelled, which kills its workers."""
-        for worker in self._workers:
+        ``clean_end`` seconds later (a stuck worker, or tasks still waiting for a core) is
+        cancelled, which kills its workers."""
+        with self._joined:
+            self._generation += 1  # the admitting thread stops, and closes its listener
+            workers, self._workers = self._workers, []
+        for worker in workers:
             worker.sock.close()
-        self._workers = []
         thread = self._job_thread
         if thread is None:
             return

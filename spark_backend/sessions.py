@@ -10,6 +10,8 @@ the DataFrame API both sessions share, and the few things that differ.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import socket
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
@@ -30,9 +32,9 @@ STANDALONE_DEFAULT_PORT = 7077
 # How long a cluster's master or a Connect server may take to accept a TCP connection
 # before Spark is not even tried: Spark itself retries an unreachable master for a minute.
 CONNECT_TIMEOUT = 5.0
-# Resident tasks on a server whose parallelism cannot be read (Spark Connect hides the
-# SparkContext): two, unless --conf spark.default.parallelism says otherwise.
-FALLBACK_SLOTS = 2
+# Resident tasks on a Spark Connect server: its cores are shared with every other client,
+# and a task cannot know how many there are, so it takes one (--resident-slots for more).
+CONNECT_SLOTS = 1
 
 
 class SparkStartError(EngineStartError):
@@ -45,14 +47,18 @@ class SparkSession(Protocol):
     url: str
     dataframes: ClassicSparkSession | ConnectSparkSession  # the DataFrame API, the same in both
 
-    def parallelism(self) -> int:
-        """Python tasks Spark runs at once: how many resident workers to launch."""
+    def cores(self) -> int:
+        """The cores this application has (or may take) for Python tasks: how many resident
+        workers to launch, so that they never hold cores it was not given."""
 
     def agent_host(self) -> str:
         """The address at which Spark's executors reach this agent."""
 
     def tag_jobs(self, tag: str) -> None:
         """Jobs this thread starts from now on can be cancelled together as ``tag``."""
+
+    def untag_jobs(self, tag: str) -> None:
+        """Jobs this thread starts from now on are no longer tagged ``tag``."""
 
     def cancel(self, tag: str) -> None:
         """Cancels the running jobs tagged ``tag``, interrupting their Python workers."""
@@ -142,8 +148,15 @@ class ClassicSession:
         log.info("Spark %s ready (master %s)", session.version, settings.master)
         return cls(settings.master, session)
 
-    def parallelism(self) -> int:
-        return int(self.dataframes.sparkContext.defaultParallelism)
+    def cores(self) -> int:
+        context = self.dataframes.sparkContext
+        local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", self.url)
+        if local:
+            given = local.group(1)
+            return (os.cpu_count() or 1) if given == "*" else int(given or 1)
+        # Not defaultParallelism: on a cluster Spark floors it at 2, more than a 1-core share.
+        bound = context.getConf().get("spark.cores.max")
+        return max(1, int(bound)) if bound else max(1, _executor_cores(context))
 
     def agent_host(self) -> str:
         if self.url.startswith("local"):
@@ -154,6 +167,9 @@ class ClassicSession:
         # A job group, not a session tag: only a group's cancellation interrupts (kills) a
         # Python worker that is stuck or stopped.
         self.dataframes.sparkContext.setJobGroup(tag, "udf-agent resident workers", interruptOnCancel=True)
+
+    def untag_jobs(self, tag: str) -> None:
+        self.dataframes.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
     def cancel(self, tag: str) -> None:
         self.dataframes.sparkContext.cancelJobGroup(tag)
@@ -166,6 +182,13 @@ class ClassicSession:
 
     def stop(self) -> None:
         self.dataframes.stop()
+
+
+def _executor_cores(context: object) -> int:
+    """Cores of the executors registered so far (the driver's own entry left out)."""
+    executors = context._jsc.sc().statusStore().executorList(True)  # type: ignore[attr-defined]
+    summaries = [executors.apply(i) for i in range(executors.size())]
+    return sum(int(summary.totalCores()) for summary in summaries if summary.id() != "driver")
 
 
 class ConnectSession:
@@ -192,9 +215,8 @@ class ConnectSession:
         log.info("Spark %s ready (Spark Connect server %s)", version, url)
         return cls(url, session)
 
-    def parallelism(self) -> int:
-        configured = self.dataframes.conf.get("spark.default.parallelism", None)
-        return int(configured) if configured else FALLBACK_SLOTS
+    def cores(self) -> int:
+        return CONNECT_SLOTS
 
     def agent_host(self) -> str:
         host, port = _host_port(self.url, self.url[len("sc://") :].partition("/")[0].partition(";")[0], CONNECT_DEFAULT_PORT)
@@ -202,6 +224,9 @@ class ConnectSession:
 
     def tag_jobs(self, tag: str) -> None:
         self.dataframes.addTag(tag)
+
+    def untag_jobs(self, tag: str) -> None:
+        self.dataframes.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
         self.dataframes.interruptTag(tag)

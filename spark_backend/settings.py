@@ -23,6 +23,21 @@ DEFAULT_CONF = {
 
 DISPATCHES = ("resident", "jobs")
 
+# A process UDF on a standalone cluster takes a bounded share of it, and gives its cores back
+# when idle, so that other tasks and applications get theirs: one core, in one executor
+# released after its resident workers are (dynamic allocation; no shuffle service needed,
+# micro-batches shuffle nothing). The executor's JVM only passes micro-batches to its Python
+# workers, which live outside its heap: 512m, half Spark's default, fits twice in a 1 GB
+# worker. --conf overrides any of them.
+CLUSTER_SHARE_CONF = {
+    "spark.cores.max": "1",
+    "spark.executor.cores": "1",
+    "spark.executor.memory": "512m",
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.executorIdleTimeout": "10s",
+}
+
 
 @dataclass
 class SparkSettings:
@@ -32,8 +47,10 @@ class SparkSettings:
     dispatch: str = "resident"
     # A micro-batch computing longer is abandoned, and retried once on fresh workers.
     batch_timeout: float = 60.0
-    # Resident tasks to launch (default: Spark's default parallelism).
+    # Resident tasks to launch (default: the cores the application has, see SparkSession.cores).
     resident_slots: int | None = None
+    # Resident workers with no micro-batch for this long end, giving their cores back (None: never).
+    resident_idle: float | None = 30.0
     # A Spark Connect server (sc://host:port): used instead of ``master``; no JVM here.
     remote: str | None = None
 
@@ -64,6 +81,8 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
     log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
     java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
     needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
+    if settings.master.startswith("spark://"):
+        needs.update(CLUSTER_SHARE_CONF)
     if settings.master.startswith("local"):
         # An embedded Spark talks to itself over loopback only; a cluster's executors must
         # reach the driver at an address Spark (or the user's --conf) picks.

@@ -34,11 +34,13 @@ def spark_engine():
     from spark_backend import SparkEngine, SparkSettings
 
     # Two resident workers, and a third slot left for tests of a job per micro-batch.
-    engine = SparkEngine(SparkSettings(master="local[3]", resident_slots=2))
+    # Never released when idle (tests count launches); test_resident.py tests the release.
+    engine = SparkEngine(SparkSettings(master="local[3]", resident_slots=2, resident_idle=None))
     ours = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "SPARK_LOCAL_IP")
     before = {name: os.environ.get(name) for name in ours}
     engine.start()
     engine.wait_ready()
+    assert engine.resident is not None and engine.resident.wait_for_workers(2, timeout=120)
     # What the agent needs reaches Spark as conf: agent processes the tests start later see
     # the environment a user has (PySpark's own SPARK_* settings aside).
     assert {name: os.environ.get(name) for name in ours} == before

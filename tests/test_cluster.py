@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import random
 import textwrap
+import threading
+import time
 
 import pandas as pd
 import pytest
@@ -118,3 +120,116 @@ def test_a_udf_in_a_file_outside_the_package_reaches_the_executors(agent, tmp_pa
     assert driver.close(timeout=60) == 0, driver.log()
     assert [p.fieldsDouble["v"] for p in points] == [2.5 * t for t in range(10)]
     assert "the UDF's module site_udfs is shipped to Spark's workers with each job" in driver.log()
+
+
+# ---- sharing the cores: no task starves another ----
+
+
+class Feeder:
+    """Feeds a task a point every 50 ms on a thread, as a busy stream would."""
+
+    def __init__(self, driver: KapacitorDriver):
+        self.driver, self.sent, self._stop = driver, 0, threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        while not self._stop.wait(0.05):
+            self.driver.point(time=self.sent, name="m", fieldsDouble={"v": float(self.sent)})
+            self.sent += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _first_output_after_init(driver: KapacitorDriver, timeout: float = 30) -> float:
+    """Seconds from Init to the task's first output point (it computes on Spark only)."""
+    started = time.monotonic()
+    assert driver.init(option("field", "v"), option("size", 2)).success
+    driver.point(time=0, name="m", fieldsDouble={"v": 1.0})
+    try:
+        driver.responses.wait_for("point", 1, timeout=timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {[e.error for e in driver.responses.of('error')]}\n{driver.log()[-4000:]}") from None
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def tasks(request):
+    """Starts moving_avg tasks against a cluster or Connect server, computing on Spark only."""
+    started = []
+
+    def start(*where: str) -> KapacitorDriver:
+        driver = KapacitorDriver("run", "moving_avg", *where, "--no-local-while-starting", "--flush-interval", "50ms", cwd=ROOT)
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.kill()
+
+
+@pytest.mark.parametrize("server", ["standalone", "connect"])
+def test_a_second_long_lived_task_computes_while_the_first_keeps_computing(server, tasks, request):
+    """A 2-core worker (or a local[2] Connect server): a task's resident workers hold only
+    its share of the cores, so a second task gets its first output while the first computes."""
+    url = request.getfixturevalue(server)
+    where = ("--master", url) if server == "standalone" else ("--remote", url)
+    first = tasks(*where)
+    _first_output_after_init(first, timeout=120)
+    feeder = Feeder(first)
+    try:
+        second = tasks(*where)
+        assert _first_output_after_init(second) < 30
+        before = len(first.responses.of("point"))
+        time.sleep(2)
+        assert len(first.responses.of("point")) > before, "the first task stopped computing"
+    finally:
+        feeder.stop()
+    for driver in (first, second):
+        assert "resident Spark worker(s) connected" in driver.log(), driver.log()[-3000:]
+
+
+def test_a_one_core_worker_gives_a_task_its_first_output(tasks, tmp_path):
+    """Slots come from the cores the application has (here 1), not from Spark's
+    defaultParallelism, which a cluster floors at 2."""
+    with standalone_cluster(tmp_path, cores=1) as (url, _):
+        driver = tasks("--master", url)
+        assert _first_output_after_init(driver) < 30
+        assert "1 of 1 resident Spark worker(s) connected" in driver.log()
+
+
+@pytest.mark.parametrize("server", ["standalone", "connect"])
+def test_an_idle_task_gives_its_cores_back(server, tasks, request):
+    """Two busy tasks hold both cores (of a 2-core worker, or a local[2] Connect server); the
+    one that goes idle releases its resident worker after --resident-idle (on the cluster its
+    executor goes back 10 s later), and a third task then gets that core."""
+    url = request.getfixturevalue(server)
+    where = ("--master", url) if server == "standalone" else ("--remote", url)
+    idle = tasks(*where, "--resident-idle", "2s")
+    busy = tasks(*where)
+    _first_output_after_init(idle, timeout=120)
+    _first_output_after_init(busy, timeout=120)
+    feeder = Feeder(busy)
+    try:
+        deadline = time.monotonic() + 30
+        while "resident workers released, their cores given back to Spark" not in idle.log():
+            assert time.monotonic() < deadline, idle.log()[-3000:]
+            time.sleep(0.2)
+        third = tasks(*where)
+        assert _first_output_after_init(third) < 30
+        assert "1 of 1 resident Spark worker(s) connected" in third.log()
+        if server == "standalone":
+            # No core for it at first: a Spark job computed, cancelled once the worker came.
+            assert "micro-batches run as Spark jobs until one connects" in third.log(), third.log()[-3000:]
+            deadline = time.monotonic() + 30
+            while "micro-batches run on Spark's resident workers again" not in third.log():
+                third.point(time=100, name="m", fieldsDouble={"v": 1.0})
+                assert time.monotonic() < deadline, third.log()[-3000:]
+                time.sleep(0.5)
+        # The idle task computes again when points come: its first micro-batch relaunches.
+        idle.point(time=10, name="m", fieldsDouble={"v": 3.0})
+        idle.responses.wait_for("point", 2, timeout=60)
+    finally:
+        feeder.stop()

@@ -90,7 +90,10 @@ def test_info_is_answered_within_a_second_of_process_start(drivers, report):
 
 
 def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report):
-    driver = drivers("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting", "--flush-interval", "100ms", "--conf", "spark.sql.shuffle.partitions=3")
+    driver = drivers(
+        "run", "moving_avg", "--master", "local[2]", "--resident-slots", "1", "--no-local-while-starting", "--flush-interval", "100ms",
+        "--conf", "spark.sql.shuffle.partitions=3",
+    )  # fmt: skip
     # Once the process is up, so the figure is about Spark's start-up, not Python's.
     assert driver.info().wants == udf_pb2.STREAM
     with Keepalives(driver):
@@ -105,6 +108,7 @@ def test_moving_avg_reference_with_keepalives_during_spark_start(drivers, report
     assert driver.close() == 0, driver.log()
     assert "starting Spark" in driver.log()
     assert "Spark conf spark.sql.shuffle.partitions=3" in driver.log()
+    assert "1 of 1 resident Spark worker(s) connected" in driver.log()  # --resident-slots, not local[2]'s 2
     assert info_during_start < 1.0
     assert_keepalives_answered(driver, "during Spark start-up", report)
 

@@ -110,6 +110,8 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
         click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable (with --remote: runtime settings only)."),
         click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
         click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
+        click.option("--resident-slots", type=click.IntRange(min=1), default=None, help="Resident workers to launch, each holding one Spark core for as long as it lives.  [default: the cores the application has: N of local[N]; spark.cores.max on a cluster (1 on a standalone cluster unless --conf spark.cores.max=N); 1 on Spark Connect, whose cores every client shares]"),
+        click.option("--resident-idle", type=DurationType(), default="30s", show_default=True, help="Resident workers that get no micro-batch for this long end, giving their cores back to Spark (and on a standalone cluster their executor back to the cluster, 10 s later). The next micro-batch relaunches them: on an embedded Spark it waits about a second for them; on a cluster or Spark Connect it runs as a Spark job (0.2-0.5 s, more while an executor starts) until they connect. State lives in the agent: nothing is lost."),
         click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),
         click.option("--local-max-points", type=click.IntRange(min=0), default=0, show_default=True, help="Micro-batches of at most this many points are computed in the agent process instead of on Spark. 0: all on Spark once it is up."),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
@@ -138,7 +140,7 @@ def _load(target: str) -> UDFSpec:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Engines:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, resident_slots: int | None = None, resident_idle: float = 30.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Engines:
     from udf_agent.runtime.engines import Engines
 
 
@@ -146,7 +148,16 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, remote=remote))
+        settings = SparkSettings(
+            master=master,
+            conf=dict(confs),
+            dispatch=spark_dispatch,
+            batch_timeout=batch_timeout,
+            resident_slots=resident_slots,
+            resident_idle=resident_idle,
+            remote=remote,
+        )
+        return SparkEngine(settings)
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
@@ -154,7 +165,7 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
     return Engines(make_spark, local_max_points, local_while_starting)
 
 
-_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "local_while_starting", "local_max_points", "remote")
+_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote")
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
