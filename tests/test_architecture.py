@@ -29,6 +29,7 @@ FLOORS = {
     "udf_agent.tools": 4,
     "udf_agent.testing": 4,
     "udf_agent.cli": 4,
+    "udf_agent.entry": 4,
     "udf_agent.__main__": 4,
 }
 

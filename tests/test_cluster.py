@@ -217,7 +217,7 @@ def test_an_idle_task_gives_its_cores_back(server, tasks, request):
         while "resident workers released, their cores given back to Spark" not in idle.log():
             assert time.monotonic() < deadline, idle.log()[-3000:]
             time.sleep(0.2)
-        third = tasks(*where)
+        third = tasks(*where, "--resident-idle", "2s")  # so that the idle task gets a core back soon
         assert _first_output_after_init(third) < 30
         assert "1 of 1 resident Spark worker(s) connected" in third.log()
         if server == "standalone":

@@ -8,9 +8,11 @@ itself; one runs moving_avg on the shared Spark.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import textwrap
 import time
@@ -20,7 +22,7 @@ import pytest
 from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
 from udf_agent.runtime.shared import shared_server_pids
-from udf_agent.testing import grouped_point, option
+from udf_agent.testing import KapacitorDriver, grouped_point, option
 from udf_agent.wire.frames import encode_frame
 
 pytestmark = pytest.mark.integration
@@ -119,6 +121,62 @@ def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fres
     assert shared_server_pids(shared_dir) not in ([], [server])
 
 
+def imported(driver: KapacitorDriver, module: str) -> bool:
+    """Whether a process started with ``-X importtime`` imported ``module``."""
+    return re.search(rf"^import time:.*\|\s+{re.escape(module)}$", driver.log(), re.MULTILINE) is not None
+
+
+@pytest.fixture
+def importtime_tasks(shared_dir):
+    """Starts ``python -X importtime -m udf_agent ARGS`` tasks (the same command line to
+    udf-agent) on the test's shared directory; each is killed after the test."""
+    started = []
+
+    def start(*args: str) -> KapacitorDriver:
+        driver = KapacitorDriver.command([sys.executable, "-X", "importtime", "-m", "udf_agent", *args], env=shared_env(shared_dir))
+        started.append(driver)
+        return driver
+
+    yield start
+    for driver in started:
+        driver.kill()
+
+
+def test_a_task_started_as_an_earlier_one_was_rejoins_its_server_without_parsing_the_command_line(importtime_tasks, shared_dir):
+    first = importtime_tasks("run", "mirror")
+    assert first.init(timeout=60).success, first.log()
+    assert imported(first, "click")
+    (launch,) = [name for name in os.listdir(shared_dir) if name.endswith(".launch")]
+    again = importtime_tasks("run", "mirror")
+    assert again.info().wants == udf_pb2.STREAM
+    assert again.init(timeout=60).success, again.log()
+    assert echo(again, SECOND).time == SECOND
+    assert not imported(again, "click"), "a remembered launch went through the command line"
+    assert "computing on the shared Spark server" in again.log()
+    # Another command line is parsed, and remembered on its own; the server is the same one.
+    other = importtime_tasks("run", "mirror", "--flush-interval", "10ms")
+    assert other.init(timeout=60).success, other.log()
+    assert imported(other, "click")
+    assert len([name for name in os.listdir(shared_dir) if name.endswith(".launch")]) == 2
+    assert len(shared_server_pids(shared_dir)) == 1
+    assert launch in os.listdir(shared_dir)
+
+
+def test_a_damaged_launch_record_is_ignored_saying_so_and_rewritten(importtime_tasks, shared_dir):
+    first = importtime_tasks("run", "mirror")
+    assert first.init(timeout=60).success, first.log()
+    (launch,) = [os.path.join(shared_dir, name) for name in os.listdir(shared_dir) if name.endswith(".launch")]
+    with open(launch, "w") as f:
+        f.write('{"server": ')
+    again = importtime_tasks("run", "mirror")
+    assert again.init(timeout=60).success, again.log()
+    assert echo(again, SECOND).time == SECOND
+    assert "ignoring the remembered launch for this command line" in again.log()
+    assert imported(again, "click")
+    with open(launch) as f:
+        assert f.read().startswith('{"server": "')
+
+
 def test_a_task_abort_with_output_unread_ends_the_relay_within_seconds(drivers, shared_dir):
     """Kapacitor's abort: it stops reading the task's output, closes its input and waits for
     the process. The relay drops what no one takes for a second, as the agent's writer does."""
@@ -145,7 +203,8 @@ def test_an_idle_server_exits_by_itself_and_removes_its_socket(drivers, shared_d
         assert time.monotonic() < deadline, "the shared server did not exit after --shared-idle-exit"
         time.sleep(0.1)
     assert sockets(shared_dir) == []
-    assert "no task for 1 s (--idle-exit): stopping" in open(os.path.join(shared_dir, os.listdir(shared_dir)[0].split(".")[0] + ".log")).read()
+    (log,) = [name for name in os.listdir(shared_dir) if name.endswith(".log")]
+    assert "no task for 1 s (--idle-exit): stopping" in open(os.path.join(shared_dir, log)).read()
     del server
 
 

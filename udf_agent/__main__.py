@@ -1,3 +1,3 @@
-from udf_agent.cli import main
+from udf_agent.entry import main
 
 main()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from udf_agent.api import UDFSpec
     from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.shared import Welcome
     from udf_agent.runtime.transports import SocketConnection
 
 CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
@@ -261,30 +262,22 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
 
 
 def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str) -> NoReturn:
-    """The task as a relay to the shared Spark server (started if none is up); exits."""
-    import logging
+    """The task as a relay to the shared Spark server (started if none is up); exits. The
+    launch is remembered for the next task started with this command line (see entry.py)."""
+    from udf_agent.runtime.relay import relay_stdio
+    from udf_agent.runtime.shared import Launch, join, locate, remember_launch
 
-    from udf_agent.runtime.logs import configure_logging
-    from udf_agent.runtime.relay import Relay
-    from udf_agent.runtime.shared import SharedServerError, join, locate
-    from udf_agent.runtime.transports import claim_stdio_fds
+    argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
+    hello = {"target": target, "agent": agent_options}
 
-    read_fd, write_fd = claim_stdio_fds()
-    configure_logging(log_level)
-    log = logging.getLogger("udf_agent")
-    try:
-        welcome = join(locate(settings), settings, idle_exit, target, agent_options)
-    except SharedServerError as exc:
-        from udf_agent.wire.guard import error_frame
+    def join_server() -> Welcome:
+        server = locate(settings)
+        welcome = join(server, settings, idle_exit, hello)
+        if isinstance(argv, list):
+            remember_launch(argv, Launch(server, hello, log_level))
+        return welcome
 
-        log.error("%s", exc)
-        os.write(write_fd, error_frame(f"udf-agent: {exc}"))
-        sys.stderr.flush()
-        os._exit(1)
-    log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
-    code = Relay(welcome, read_fd, write_fd).run()
-    sys.stderr.flush()
-    os._exit(code)
+    relay_stdio(join_server, log_level)
 
 
 @main.command(cls=_TargetCommand)

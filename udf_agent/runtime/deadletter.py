@@ -25,6 +25,8 @@ def write_dead_letter(directory: str, udf_name: str, error: str, points: list[by
             lines += line_protocol(data)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     path = os.path.join(directory, f"{udf_name}-{stamp}-{time.monotonic_ns()}.lp")
+    # Removed since the task started, or never checked (a remembered launch, see entry.py).
+    os.makedirs(directory, exist_ok=True)
     with open(path, "x", encoding="utf-8") as out:
         out.write("\n".join(lines) + "\n")
     return path

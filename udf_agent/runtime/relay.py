@@ -12,11 +12,16 @@ import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import NoReturn
 
-from udf_agent.runtime.shared import Welcome, server_alive
+from udf_agent.runtime.logs import configure_logging
+from udf_agent.runtime.shared import SharedServerError, Welcome, server_alive
+from udf_agent.runtime.transports import claim_stdio_fds
 from udf_agent.wire.frames import FrameSplitter
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,26 @@ SERVER_END_GRACE = 0.5
 # abort stops reading first (as the agent's own writer does at a stop).
 STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
+
+
+def relay_stdio(join: Callable[[], Welcome], log_level: str) -> NoReturn:
+    """The task's process as a relay: claims stdin and stdout, joins its server with
+    ``join`` and relays until the server closes the task's connection; exits."""
+    read_fd, write_fd = claim_stdio_fds()
+    configure_logging(log_level)
+    try:
+        welcome = join()
+    except SharedServerError as exc:
+        from udf_agent.wire.guard import error_frame
+
+        log.error("%s", exc)
+        os.write(write_fd, error_frame(f"udf-agent: {exc}"))
+        sys.stderr.flush()
+        os._exit(1)
+    log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
+    code = Relay(welcome, read_fd, write_fd).run()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class _OutputAbandoned(Exception):

@@ -8,7 +8,6 @@ single bytes object that is written in one write.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -53,7 +52,6 @@ def encode_frame(message: Message) -> bytes:
 POINT_KEY = encode_varint((17 << 3) | 2)
 
 
-@dataclass(frozen=True)
 class PointRun:
     """Consecutive whole frames that each hold only a Request.point, as received.
 
@@ -64,10 +62,11 @@ class PointRun:
     ((-1, -1) when the point has none).
     """
 
-    frames: bytes
-    count: int
-    points: Any = None
-    groups: Any = None
+    # A plain class, not a dataclass: the relay imports this module and starts sooner without.
+    __slots__ = ("frames", "count", "points", "groups")
+
+    def __init__(self, frames: bytes, count: int, points: Any = None, groups: Any = None):
+        self.frames, self.count, self.points, self.groups = frames, count, points, groups
 
 
 Piece = bytes | PointRun

@@ -1,0 +1,33 @@
+"""The ``udf-agent`` command.
+
+Kapacitor starts a task's process and asks it for Info at once. A task started with the same
+command line as an earlier one, whose shared server still listens, joins that server as the
+earlier one did (``runtime/shared.py``, "Remembered launches") without importing the command
+line's machinery; anything else goes to ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["run"]:
+        _rejoin_remembered(argv)  # returns only when there is nothing to rejoin
+    from udf_agent.cli import main as cli
+
+    cli(args=argv, prog_name="udf-agent", obj=argv)
+
+
+def _rejoin_remembered(argv: list[str]) -> None:
+    from udf_agent.runtime.relay import relay_stdio
+    from udf_agent.runtime.shared import SharedServerError, recall_launch, rejoin
+
+    try:
+        launch = recall_launch(argv)
+        welcome = None if launch is None else rejoin(launch)
+    except SharedServerError:
+        return  # the command line's own path meets the same fault and reports it
+    if launch is not None and welcome is not None:
+        relay_stdio(lambda: welcome, launch.log_level)
