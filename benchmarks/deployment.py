@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +46,36 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_s(*pids: int) -> float:
     """CPU seconds (user + system) the live processes PIDS have used."""
-    total = 0.0
+    return sum(_cpu_by_pid(pids).values())
+
+
+def _cpu_by_pid(pids: Iterable[int]) -> dict[int, float]:
+    found = {}
     for member in pids:
         try:
             with open(f"/proc/{member}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
+        found[member] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return found
+
+
+class TreeCPU:
+    """CPU seconds of a process tree over a while, sampled often so that a process that ends
+    meanwhile (a resident worker released when idle) still counts what it used."""
+
+    def __init__(self, root: int):
+        self._root = root
+        self._start = _cpu_by_pid([root, *descendants(root)])
+        self._last = dict(self._start)
+
+    def sample(self) -> None:
+        self._last.update(_cpu_by_pid([self._root, *descendants(self._root)]))
+
+    def used(self) -> float:
+        self.sample()
+        return sum(cpu - self._start.get(pid, 0.0) for pid, cpu in self._last.items())
 
 
 def feed_moving_avg(driver: KapacitorDriver | SocketDriver, first: int = 0) -> tuple[float, float]:
@@ -106,13 +128,16 @@ def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
             totals_mb.append(round(total_mb()))
         relays_mb = [round(_rss_mb(driver.process.pid), 1) for driver in drivers]
         relay_cpu = [cpu_s(driver.process.pid) for driver in drivers]
-        server_cpu = cpu_s(server, *descendants(server))
+        server_cpu = TreeCPU(server)
         for beat in range(int(idle_seconds / 5)):  # Kapacitor: a keepalive every timeout / 2
             for driver in drivers:
                 driver.keepalive(beat)
-            time.sleep(5)
+            for _ in range(10):
+                time.sleep(0.5)
+                server_cpu.sample()
         relay_idle = [(cpu_s(driver.process.pid) - before) / idle_seconds * 100 for driver, before in zip(drivers, relay_cpu)]
-        server_idle = (cpu_s(server, *descendants(server)) - server_cpu) / idle_seconds * 100
+        server_idle = server_cpu.used() / idle_seconds * 100
+        server_log = (work / next(p for p in os.listdir(work) if p.endswith(".log"))).read_text(errors="replace")
         return {
             "tasks": tasks,
             "info_ms_after_process_start": info_ms,
@@ -122,6 +147,8 @@ def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
             "relay_mb": relays_mb,
             "idle_relay_cpu_percent_of_core_max": round(max(relay_idle), 3),
             "idle_server_cpu_percent_of_core_all_tasks": round(server_idle, 2),
+            "resident_workers_released_while_idle": "resident workers released, their cores given back to Spark" in server_log,
+            "total_mb_after_idle": round(total_mb()),
         }
     finally:
         for driver in drivers:
@@ -254,35 +281,37 @@ def main() -> int:
         work = Path(tmp)
         if args.only_scaling:
             report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
-            print(json.dumps(report, indent=1))
-            return 0
-        print(f"shared Spark per host, {args.tasks} tasks ...", file=sys.stderr)
-        (work / "shared").mkdir(mode=0o700)
-        report["shared"] = shared_tasks(work / "shared", args.tasks, args.idle_seconds)
-        if args.only_shared:
-            print(json.dumps(report, indent=1))
-            return 0
-        print("embedded Spark (process UDF, --own-spark) ...", file=sys.stderr)
-        report["embedded"] = process_udf("--own-spark")
-        print("serve, one Spark shared ...", file=sys.stderr)
-        (work / "serve").mkdir()
-        report["serve"] = serve_shared(work / "serve")
-        print("Spark Connect ...", file=sys.stderr)
-        with connect_server(work / "connect") as (url, daemons):
-            report["connect"] = process_udf("--remote", url)
-            report["connect"]["server_tree_mb"] = round(server_tree_mb(daemons))
-        print("standalone cluster ...", file=sys.stderr)
-        with standalone_cluster(work / "standalone") as (url, daemons):
-            report["standalone"] = process_udf("--master", url)
-            report["standalone"]["cluster_tree_mb"] = round(server_tree_mb(daemons))
-        print("scaling: 1 vs 2 executors ...", file=sys.stderr)
-        report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
+        else:
+            print(f"shared Spark per host, {args.tasks} tasks ...", file=sys.stderr)
+            (work / "shared").mkdir(mode=0o700)
+            report["shared"] = shared_tasks(work / "shared", args.tasks, args.idle_seconds)
+        if not (args.only_scaling or args.only_shared):
+            everything_else(work, report, args)
     report["machine"]["load_average_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(report, out, indent=1)
     print(json.dumps(report, indent=1))
     return 0
+
+
+def everything_else(work: Path, report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Each other deployment, one after another: embedded, serve, Connect, standalone, scaling."""
+    print("embedded Spark (process UDF, --own-spark) ...", file=sys.stderr)
+    report["embedded"] = process_udf("--own-spark")
+    print("serve, one Spark shared ...", file=sys.stderr)
+    (work / "serve").mkdir()
+    report["serve"] = serve_shared(work / "serve")
+    print("Spark Connect ...", file=sys.stderr)
+    with connect_server(work / "connect") as (url, daemons):
+        report["connect"] = process_udf("--remote", url)
+        report["connect"]["server_tree_mb"] = round(server_tree_mb(daemons))
+    print("standalone cluster ...", file=sys.stderr)
+    with standalone_cluster(work / "standalone") as (url, daemons):
+        report["standalone"] = process_udf("--master", url)
+        report["standalone"]["cluster_tree_mb"] = round(server_tree_mb(daemons))
+    print("scaling: 1 vs 2 executors ...", file=sys.stderr)
+    report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
 
 
 if __name__ == "__main__":
