@@ -143,3 +143,23 @@ def test_a_udf_module_outside_site_packages_travels_inside_the_pickled_job(tmp_p
     check = "import pickle, sys; import pandas as pd; job = pickle.loads(sys.stdin.buffer.read()); print(list(job.spec.function(pd.DataFrame({'v': [1.0]}), None)['v']))"
     done = subprocess.run([sys.executable, "-c", check], input=pickled, capture_output=True, cwd="/", env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=60)
     assert done.returncode == 0 and done.stdout.decode().strip() == "[2.0]", done.stderr.decode()[-2000:]
+
+
+def test_a_standalone_cluster_task_takes_a_bounded_share_that_conf_overrides():
+    from spark_backend.settings import CLUSTER_SHARE_CONF, SparkSettings, agent_conf
+
+    cluster = agent_conf(SparkSettings(master="spark://10.0.0.1:7077"))
+    assert {name: cluster[name] for name in CLUSTER_SHARE_CONF} == CLUSTER_SHARE_CONF
+    assert cluster["spark.cores.max"] == "1" and cluster["spark.dynamicAllocation.enabled"] == "true"
+    more = agent_conf(SparkSettings(master="spark://10.0.0.1:7077", conf={"spark.cores.max": "4", "spark.executor.cores": "2"}))
+    assert (more["spark.cores.max"], more["spark.executor.cores"]) == ("4", "2")
+    assert "spark.cores.max" not in agent_conf(SparkSettings(master="local[2]"))  # its own cores are all its own
+
+
+def test_resident_slots_are_the_cores_of_the_local_master(spark_engine):
+    from spark_backend.sessions import ClassicSession
+
+    assert spark_engine.session.cores() == 3  # local[3], not defaultParallelism
+    running = spark_engine.session.dataframes
+    cores = {url: ClassicSession(url, running).cores() for url in ("local", "local[*]", "local[4,2]", "local[1]")}
+    assert cores == {"local": 1, "local[*]": os.cpu_count(), "local[4,2]": 4, "local[1]": 1}

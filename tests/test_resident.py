@@ -11,7 +11,7 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import WorkerLost, _split
+from spark_backend.resident import START_TIMEOUT, ResidentWorkers, WorkerLost, _split
 from spark_backend.resident_protocol import KEPT_JOBS, JobCache, describe_failure
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
@@ -149,3 +149,29 @@ def test_job_cache_forgets_the_least_recently_used():
     assert b"a" in cache and b"c" in cache and b"b" not in cache
     with pytest.raises(KeyError):
         cache.use(b"b")
+
+
+def test_idle_workers_end_give_their_core_back_and_the_next_micro_batch_relaunches_them(spark_engine):
+    # On the session's third core (the shared engine's workers hold the other two).
+    session = spark_engine.session
+    job = Job(moving_avg, {"field": "i", "size": 2, "as": "avg"})
+    tasks = stream_tasks(rich_points(8))
+    expected = [decode(o) for o in LocalEngine().run(job, tasks).to_pandas()["output"]]
+    resident = ResidentWorkers(session, 1, session.agent_host(), batch_timeout=60, idle_release=2.0, first_worker_wait=START_TIMEOUT)
+    resident.start()
+    try:
+        assert [decode(o) for o in resident.run(job, tasks).to_pandas()["output"]] == expected
+        assert resident.launches == 1
+        deadline = time.monotonic() + 30
+        while not resident.released:
+            assert time.monotonic() < deadline, "idle workers were not released"
+            time.sleep(0.2)
+        assert resident.worker_pids() == [] and not resident.connected()
+        # The released core is Spark's again: a job needing all three cores runs.
+        frame = session.dataframes.createDataFrame([(n,) for n in range(3)], "n long").repartition(3)
+        assert frame.rdd.mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect() == [1, 1, 1]
+        launches = resident.launches
+        assert [decode(o) for o in resident.run(job, tasks).to_pandas()["output"]] == expected
+        assert resident.launches == launches + 1  # relaunched for it, and computed the same
+    finally:
+        resident.stop()
