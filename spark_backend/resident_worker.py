@@ -28,12 +28,11 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
     slot = next((int(v) for frame in frames for v in frame["id"]), -1)
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
     served = 0
-    with socket.create_connection(address) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "pid": os.getpid()}).encode())
-        welcome = receive_message(sock)
-        if welcome is None or welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
-            raise ConnectionError("the agent did not answer with this task's token")
+    sock = _join_agent(address, token, slot)
+    if sock is None:
+        yield pd.DataFrame({"slot": [slot], "served": [served]})
+        return
+    with sock:
         jobs: JobCache[Job] = JobCache()
         while (message := receive_message(sock)) is not None:
             kind, payload = message
@@ -51,3 +50,25 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
                 send_message(sock, RESULT, reply)
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
+
+
+def _join_agent(address: tuple[str, int], token: str, slot: int) -> socket.socket | None:
+    """The connection to the agent, past its welcome; None if the agent let this task go
+    before it got a core (its listener closed: stopped, released when idle, relaunched)."""
+    try:
+        sock = socket.create_connection(address)
+    except ConnectionRefusedError:
+        return None
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "pid": os.getpid()}).encode())
+        welcome = receive_message(sock)
+    except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed
+        welcome = None
+    if welcome is None:
+        sock.close()
+        return None
+    if welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
+        sock.close()
+        raise ConnectionError("the agent did not answer with this task's token")
+    return sock

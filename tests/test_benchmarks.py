@@ -172,3 +172,19 @@ def test_repeated_runs_pool_their_keepalives_into_one_set_of_figures():
     assert (k.count, k.unanswered, k.max_ms) == (200, 1, 50.0)
     assert k.p50_ms == 2.0 and k.p99_ms == 3.0  # nearest rank 198 of 200
     assert _median_run(runs[1:2]).keepalive.max_ms == 2.0 and _median_run(runs[1:2]).keepalive_runs == 1
+
+
+@pytest.mark.parametrize("command", [baseline("echo"), ours("mirror", TINY)], ids=["baseline", "ours"])
+def test_kapacitor_feed_measures_rate_and_the_whole_trees_cpu(command):
+    from benchmarks.kapacitor_feed import measure, table
+
+    workload = Workload(points=100_000, groups=100)  # long enough for keepalives and CPU samples
+    run = measure(command, workload, init_frame([]), time_limit=60, shared_dir=None, warm_log=None)
+    assert run.status == "ok", run.error
+    assert run.points == 100_000 and run.points_per_s > 0 and run.seconds > 0
+    assert 0 < run.cpu_s < run.seconds * (os.cpu_count() or 1) + 1
+    assert run.keepalive.count > 0 and run.keepalive.unanswered == 0
+    official = {"status": "ok", "error": "", "points_per_s": 100.0, "cpu_us_per_point": 4.0, "keepalive": {"samples_ms": [1.0]}}
+    ours_run = {**official, "points_per_s": 50.0, "cpu_us_per_point": 2.0}
+    rows = {row["agent"]: row for row in table({"official moving_avg": [official], "ours": [ours_run]})}
+    assert (rows["ours"]["rate_vs_official"], rows["ours"]["cpu_vs_official"]) == (0.5, 0.5)

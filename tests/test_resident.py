@@ -175,3 +175,25 @@ def test_idle_workers_end_give_their_core_back_and_the_next_micro_batch_relaunch
         assert resident.launches == launches + 1  # relaunched for it, and computed the same
     finally:
         resident.stop()
+
+
+def test_a_worker_whose_agent_no_longer_listens_ends_quietly():
+    """A resident task that gets its core after the agent let its workers go (stopped,
+    released, relaunched) finds the listener closed: it ends, serving nothing, no traceback."""
+    import socket
+
+    import pandas as pd
+
+    from spark_backend.resident_worker import serve_slot
+
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        address = closed.getsockname()[:2]
+    (done,) = serve_slot(address, "token", iter([pd.DataFrame({"id": [1]})]))
+    assert done.to_dict("records") == [{"slot": 1, "served": 0}]
+    # Accepted, then closed before the welcome: the same.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
+        closer.start()
+        (done,) = serve_slot(listener.getsockname()[:2], "token", iter([pd.DataFrame({"id": [0]})]))
+        closer.join(5)
+    assert done.to_dict("records") == [{"slot": 0, "served": 0}]

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Kapacitor's feed: points/s and CPU a point of each agent's whole process tree, side by side
+with Kapacitor's official Python agent running its own moving_avg example, in the same run.
+
+    .venv/bin/python benchmarks/kapacitor_feed.py --kapacitor-src DIR [--points N] [--repeat 3]
+
+Kapacitor's ``udf.Server`` writes every point as two unbuffered writes to the UDF's pipe, its
+length varint and then its body (``agent.WriteMessage``, called from ``Server.writeData``),
+from one goroutine, as fast as the pipe takes them. This benchmark writes exactly so, from one
+thread, keepalives (every 10 ms) included. It does not replace the Kapacitor harness
+(``../shared/kapacitor-harness``, whose throughput scenario drives the agent with Kapacitor's
+own client code): it puts figures side by side in one command.
+
+Figures, for each agent (median of ``--repeat`` runs):
+- points/s: points written / seconds from the first point written to the last output read;
+- CPU a point: user + system CPU of the agent's whole process tree over that span (sampled
+  per process every 0.1 s, so a process that ends meanwhile still counts), over the points.
+  For the default deployment the tree is the task's relay and the shared server with its JVM
+  and Python workers; with ``--own-spark``, the task's agent, its JVM and workers.
+
+``udf-agent`` runs warm: its shared server is started and has computed (a first task, closed
+before the measured one starts), as on a host with tasks already running; ``--own-spark``
+waits for its agent to log that its compute engine is ready. The official agent needs
+``--kapacitor-src`` (or ``$KAPACITOR_SRC``): a directory holding Kapacitor's ``udf/agent``,
+for instance ``git --git-dir=KAPACITOR.git archive v1.8.3 udf/agent | tar -x -C DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.deployment import TreeCPU  # noqa: E402
+from benchmarks.driver import AgentCommand, AgentProcess, LatencyStats, descendants  # noqa: E402
+from benchmarks.run import official_moving_avg  # noqa: E402
+from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame, keepalive_frame  # noqa: E402
+from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+
+KEEPALIVE_INTERVAL = 0.010
+CPU_INTERVAL = 0.1
+DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_feed.json")
+
+
+@dataclass
+class FeedRun:
+    agent: str
+    status: str = "ok"
+    error: str = ""
+    points: int = 0
+    seconds: float = 0.0
+    points_per_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_us_per_point: float = 0.0
+    keepalive: LatencyStats = field(default_factory=LatencyStats)
+
+
+class Trees:
+    """The CPU of several process trees, sampled on a thread until stopped."""
+
+    def __init__(self, roots: list[int]):
+        self._trees = [TreeCPU(root) for root in roots]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="feed-cpu", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(CPU_INTERVAL):
+            for tree in self._trees:
+                tree.sample()
+
+    def used(self) -> float:
+        return sum(tree.used() for tree in self._trees)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def feed(agent: AgentProcess, frames: bytes, frame_length: int, points: int, deadline: float, extra_roots: list[int]) -> FeedRun:
+    """Writes every point as Kapacitor does and waits for every output point."""
+    run = FeedRun(agent=agent.command.label, points=points)
+    fd = agent.stdin_fd
+    prefix = _varint_length(frames)
+    view = memoryview(frames)
+    sent: dict[int, float] = {}
+    trees = Trees([agent.process.pid, *extra_roots])
+    try:
+        started = time.monotonic()
+        next_keepalive = started + KEEPALIVE_INTERVAL
+        for offset in range(0, points * frame_length, frame_length):
+            os.write(fd, view[offset : offset + prefix])
+            os.write(fd, view[offset + prefix : offset + frame_length])
+            now = time.monotonic()
+            if now >= next_keepalive:
+                stamp = 1_000_000 + len(sent)
+                sent[stamp] = now
+                keepalive = keepalive_frame(stamp)
+                kprefix = _varint_length(keepalive)
+                os.write(fd, keepalive[:kprefix])
+                os.write(fd, keepalive[kprefix:])
+                next_keepalive = now + KEEPALIVE_INTERVAL
+                if now > deadline:
+                    raise TimeoutError("points not all written within the time limit")
+        if not agent.wait_for(lambda: agent.tally.points >= points, deadline):
+            raise agent.failure(f"{agent.tally.points:,} of {points:,} output points")
+        finished = agent.tally.last_point_at or time.monotonic()
+        run.cpu_s = trees.used()
+        run.seconds = finished - started
+        run.points_per_s = points / run.seconds
+        run.cpu_us_per_point = run.cpu_s / points * 1e6
+    except Exception as exc:  # a failed run is reported in its row, and the others still run
+        run.status, run.error = "failed", str(exc)[:300]
+    finally:
+        trees.stop()
+        answered = [agent.tally.keepalive_times[s] - at for s, at in sent.items() if s in agent.tally.keepalive_times]
+        run.keepalive = LatencyStats.of(answered, unanswered=len(sent) - len(answered))
+    return run
+
+
+def _varint_length(frame: bytes) -> int:
+    """Bytes of the length varint that starts ``frame``."""
+    length = 1
+    while frame[length - 1] & 0x80:
+        length += 1
+    return length
+
+
+def measure(command: AgentCommand, workload: Workload, init: bytes, time_limit: float, shared_dir: str | None, warm_log: str | None) -> FeedRun:
+    with open(workload.path(), "rb") as source:
+        frames = source.read()
+    deadline = time.monotonic() + time_limit
+    agent = AgentProcess(command, deadline)
+    try:
+        agent.init(init, deadline)
+        if warm_log is not None and not agent.wait_for_log(warm_log, deadline):
+            raise agent.failure(f"no log line {warm_log!r}")
+        servers = shared_server_pids(shared_dir) if shared_dir else []
+        run = feed(agent, frames, workload.frame_length, workload.points, deadline, servers)
+        agent.close_stdin()
+        agent.process.wait(60)
+        return run
+    except Exception as exc:
+        return FeedRun(agent=command.label, status="failed", error=str(exc)[:300])
+    finally:
+        agent.kill()
+
+
+def warm_shared_server(udf: str, env: dict[str, str], init: bytes) -> None:
+    """A first task on the shared server: it starts the server and Spark, and computes."""
+    warmup = Workload(points=2_000, groups=10)
+    command = AgentCommand(f"warm-up {udf}", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=env)
+    deadline = time.monotonic() + 300
+    agent = AgentProcess(command, deadline)
+    try:
+        agent.init(init, deadline)
+        with open(warmup.path(), "rb") as source:
+            agent.write(source.read())
+        if not agent.wait_for(lambda: agent.tally.points >= warmup.points, deadline):
+            raise RuntimeError(f"the warm-up task did not compute: {agent.failure('no output')}")
+        agent.close_stdin()
+        agent.process.wait(60)
+    finally:
+        agent.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=1_000_000)
+    parser.add_argument("--groups", type=int, default=1_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--kapacitor-src", default=os.environ.get("KAPACITOR_SRC"))
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    args = parser.parse_args()
+    workload = Workload(points=args.points, groups=args.groups)
+    workload.path()  # generated before any clock starts
+    moving_avg = init_frame(MOVING_AVG_OPTIONS)
+    mirror = init_frame([])
+    time_limit = 120 + args.points / 10_000
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()}, "points": args.points, "groups": args.groups, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="kfeed-") as shared_dir:
+        os.chmod(shared_dir, 0o700)
+        shared = {"UDF_AGENT_SHARED_DIR": shared_dir, "UDF_AGENT_OWN_SPARK": "0"}
+        # (label, command or None, Init, the shared server's UDF to warm, a log line that says warm)
+        cases: list[tuple[str, AgentCommand | None, bytes, str | None, str | None]] = []
+        official, why = official_moving_avg(args.kapacitor_src, unbuffered=True) if args.kapacitor_src else (None, "no --kapacitor-src")
+        cases.append(("official moving_avg", official, moving_avg, None, None))
+        for udf, init in (("moving_avg", moving_avg), ("mirror", mirror)):
+            command = AgentCommand(f"udf-agent {udf}", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=shared)
+            cases.append((command.label, command, init, udf, None))
+        own = AgentCommand("udf-agent moving_avg --own-spark", [sys.executable, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO)
+        cases.append((own.label, own, moving_avg, None, "compute engine ready"))
+        try:
+            for label, command, init, warm_udf, warm_log in cases:
+                if command is None:
+                    report["runs"][label] = [asdict(FeedRun(agent=label, status="skipped", error=why))]
+                    continue
+                print(f"{label} ...", file=sys.stderr)
+                runs = []
+                for _ in range(args.repeat):
+                    if warm_udf is not None:
+                        warm_shared_server(warm_udf, shared, init)
+                    runs.append(measure(command, workload, init, time_limit, shared_dir if warm_udf else None, warm_log))
+                report["runs"][label] = [asdict(run) for run in runs]
+        finally:
+            for pid in shared_server_pids(shared_dir):
+                for member in [pid, *descendants(pid)]:
+                    try:
+                        os.kill(member, 9)
+                    except ProcessLookupError:
+                        pass
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["table"] = table(report["runs"])
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as out:
+        json.dump(report, out, indent=1)
+    print(format_table(report))
+    return 0
+
+
+def table(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per agent: medians of its successful runs, and ratios to the official agent's."""
+    rows = []
+    for label, results in runs.items():
+        ok = [r for r in results if r["status"] == "ok"]
+        row: dict[str, Any] = {"agent": label, "runs_ok": f"{len(ok)}/{len(results)}", "note": "; ".join(sorted({r["error"] for r in results if r["error"]}))}
+        if ok:
+            row["points_per_s"] = statistics.median(r["points_per_s"] for r in ok)
+            row["cpu_us_per_point"] = statistics.median(r["cpu_us_per_point"] for r in ok)
+            pooled = sorted(s for r in ok for s in r["keepalive"]["samples_ms"])
+            row["keepalive_p99_ms"] = pooled[min(len(pooled) - 1, int(len(pooled) * 0.99))] if pooled else None
+        rows.append(row)
+    reference = next((row for row in rows if row["agent"] == "official moving_avg" and "points_per_s" in row), None)
+    for row in rows:
+        if reference is not None and "points_per_s" in row:
+            row["rate_vs_official"] = row["points_per_s"] / reference["points_per_s"]
+            row["cpu_vs_official"] = row["cpu_us_per_point"] / reference["cpu_us_per_point"]
+    return rows
+
+
+def format_table(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = [
+        f"Kapacitor's feed (two writes a point, one writer): {report['points']:,} points, {report['groups']:,} groups; "
+        f"{machine['cpus']} CPUs, load {machine['load_average_start'][0]:.2f} -> {machine['load_average_end'][0]:.2f}",
+        "",
+        "| agent | runs ok | points/s | CPU a point | rate vs official | CPU vs official | keepalive p99 | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["table"]:
+        lines.append(
+            f"| {row['agent']} | {row['runs_ok']} | {_figure(row, 'points_per_s', '{:,.0f}')} | {_figure(row, 'cpu_us_per_point', '{:.1f} µs')} "
+            f"| {_figure(row, 'rate_vs_official', '{:.2f}×')} | {_figure(row, 'cpu_vs_official', '{:.2f}×')} | {_figure(row, 'keepalive_p99_ms', '{:.1f} ms')} | {row['note']} |"
+        )
+    return "\n".join(lines)
+
+
+def _figure(row: dict[str, Any], name: str, pattern: str) -> str:
+    value = row.get(name)
+    return pattern.format(value) if value is not None else "—"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
