@@ -6,10 +6,10 @@ with Kapacitor's official Python agent running its own moving_avg example, in th
 
 Kapacitor's ``udf.Server`` writes every point as two unbuffered writes to the UDF's pipe, its
 length varint and then its body (``agent.WriteMessage``, called from ``Server.writeData``),
-from one goroutine, as fast as the pipe takes them. This benchmark writes exactly so, from one
-thread, keepalives (every 10 ms) included. It does not replace the Kapacitor harness
-(``../shared/kapacitor-harness``, whose throughput scenario drives the agent with Kapacitor's
-own client code): it puts figures side by side in one command.
+from one goroutine, as fast as the pipe takes them. This benchmark writes exactly so, from a
+process of its own (``kapacitor_writer.py``), keepalives (every 10 ms) included. It does not
+replace the Kapacitor harness (``../shared/kapacitor-harness``, whose throughput scenario drives
+the agent with Kapacitor's own client code): it puts figures side by side in one command.
 
 Figures, for each agent (median of ``--repeat`` runs):
 - points/s: points written / seconds from the first point written to the last output read;
@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,13 +43,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.deployment import TreeCPU  # noqa: E402
+from benchmarks.deployment import TreeCPU, wait_for_log  # noqa: E402
 from benchmarks.driver import AgentCommand, AgentProcess, LatencyStats, descendants  # noqa: E402
 from benchmarks.run import official_moving_avg  # noqa: E402
-from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame, keepalive_frame  # noqa: E402
+from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
 
-KEEPALIVE_INTERVAL = 0.010
+WRITER = os.path.join(REPO, "benchmarks", "kapacitor_writer.py")
 CPU_INTERVAL = 0.1
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_feed.json")
 
@@ -88,38 +89,26 @@ class Trees:
         self._thread.join()
 
 
-def feed(agent: AgentProcess, frames: bytes, frame_length: int, points: int, deadline: float, extra_roots: list[int]) -> FeedRun:
-    """Writes every point as Kapacitor does and waits for every output point."""
-    run = FeedRun(agent=agent.command.label, points=points)
-    fd = agent.stdin_fd
-    prefix = _varint_length(frames)
-    view = memoryview(frames)
-    sent: dict[int, float] = {}
+def feed(agent: AgentProcess, workload: Workload, deadline: float, extra_roots: list[int]) -> FeedRun:
+    """Writes every point as Kapacitor does (``kapacitor_writer.py``, a process of its own)
+    and waits for every output point."""
+    run = FeedRun(agent=agent.command.label, points=workload.points)
     trees = Trees([agent.process.pid, *extra_roots])
+    sent: dict[int, float] = {}
     try:
-        started = time.monotonic()
-        next_keepalive = started + KEEPALIVE_INTERVAL
-        for offset in range(0, points * frame_length, frame_length):
-            os.write(fd, view[offset : offset + prefix])
-            os.write(fd, view[offset + prefix : offset + frame_length])
-            now = time.monotonic()
-            if now >= next_keepalive:
-                stamp = 1_000_000 + len(sent)
-                sent[stamp] = now
-                keepalive = keepalive_frame(stamp)
-                kprefix = _varint_length(keepalive)
-                os.write(fd, keepalive[:kprefix])
-                os.write(fd, keepalive[kprefix:])
-                next_keepalive = now + KEEPALIVE_INTERVAL
-                if now > deadline:
-                    raise TimeoutError("points not all written within the time limit")
-        if not agent.wait_for(lambda: agent.tally.points >= points, deadline):
-            raise agent.failure(f"{agent.tally.points:,} of {points:,} output points")
+        argv = [sys.executable, WRITER, str(agent.stdin_fd), workload.path(), str(workload.frame_length), str(workload.points)]
+        writer = subprocess.run(argv, pass_fds=(agent.stdin_fd,), capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()), check=False)
+        if writer.returncode != 0:
+            raise RuntimeError(f"the writer failed: {writer.stderr.strip()[-300:]}")
+        written = json.loads(writer.stdout)
+        sent = {int(stamp): at for stamp, at in written["keepalives"].items()}
+        if not agent.wait_for(lambda: agent.tally.points >= workload.points, deadline):
+            raise agent.failure(f"{agent.tally.points:,} of {workload.points:,} output points")
         finished = agent.tally.last_point_at or time.monotonic()
         run.cpu_s = trees.used()
-        run.seconds = finished - started
-        run.points_per_s = points / run.seconds
-        run.cpu_us_per_point = run.cpu_s / points * 1e6
+        run.seconds = finished - written["started"]
+        run.points_per_s = workload.points / run.seconds
+        run.cpu_us_per_point = run.cpu_s / workload.points * 1e6
     except Exception as exc:  # a failed run is reported in its row, and the others still run
         run.status, run.error = "failed", str(exc)[:300]
     finally:
@@ -129,17 +118,7 @@ def feed(agent: AgentProcess, frames: bytes, frame_length: int, points: int, dea
     return run
 
 
-def _varint_length(frame: bytes) -> int:
-    """Bytes of the length varint that starts ``frame``."""
-    length = 1
-    while frame[length - 1] & 0x80:
-        length += 1
-    return length
-
-
 def measure(command: AgentCommand, workload: Workload, init: bytes, time_limit: float, shared_dir: str | None, warm_log: str | None) -> FeedRun:
-    with open(workload.path(), "rb") as source:
-        frames = source.read()
     deadline = time.monotonic() + time_limit
     agent = AgentProcess(command, deadline)
     try:
@@ -147,7 +126,7 @@ def measure(command: AgentCommand, workload: Workload, init: bytes, time_limit: 
         if warm_log is not None and not agent.wait_for_log(warm_log, deadline):
             raise agent.failure(f"no log line {warm_log!r}")
         servers = shared_server_pids(shared_dir) if shared_dir else []
-        run = feed(agent, frames, workload.frame_length, workload.points, deadline, servers)
+        run = feed(agent, workload, deadline, servers)
         agent.close_stdin()
         agent.process.wait(60)
         return run
@@ -158,7 +137,9 @@ def measure(command: AgentCommand, workload: Workload, init: bytes, time_limit: 
 
 
 def warm_shared_server(udf: str, env: dict[str, str], init: bytes) -> None:
-    """A first task on the shared server: it starts the server and Spark, and computes."""
+    """A first task on the shared server: it starts the server and Spark, and computes; then
+    the server's log says its compute engine is ready (the first micro-batches were computed
+    in the server while Spark started)."""
     warmup = Workload(points=2_000, groups=10)
     command = AgentCommand(f"warm-up {udf}", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=env)
     deadline = time.monotonic() + 300
@@ -173,6 +154,8 @@ def warm_shared_server(udf: str, env: dict[str, str], init: bytes) -> None:
         agent.process.wait(60)
     finally:
         agent.kill()
+    directory = env["UDF_AGENT_SHARED_DIR"]
+    wait_for_log(lambda: "".join(open(os.path.join(directory, name), errors="replace").read() for name in os.listdir(directory) if name.endswith(".log")))
 
 
 def main() -> int:

@@ -382,6 +382,25 @@ def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
     assert s.flush_due(11.0) == []
 
 
+def test_an_idle_compute_side_takes_a_trickle_at_once_and_lets_a_flow_gather():
+    from udf_agent.runtime.session import FLOWING_POINTS, GATHER_AGE
+
+    s = started(flush_interval=0.5)
+    assert s.ready_at(10.0) is None  # nothing open
+    drive(s, [point(1)], now=10.0)
+    assert s.ready_at(10.0) == 10.0  # one point: at once, however fast it came
+    drive(s, [point(t) for t in range(2, 2 + FLOWING_POINTS)], now=10.0002)
+    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 5 ms old.
+    assert s.ready_at(10.0002) == pytest.approx(10.0 + GATHER_AGE)
+    assert s.deadline() == pytest.approx(10.5)  # the flush interval still bounds it
+    (computed,) = s.flush()
+    assert computed.batch.count == 1 + FLOWING_POINTS
+    # The same nine points over 10 ms (900 points/s) are no flow: at once.
+    for t in range(9):
+        drive(s, [point(100 + t)], now=20.0 + t * 0.00125)
+    assert s.ready_at(20.01) == 20.01
+
+
 def column(points: bytes, name: str) -> list:
     """One column of length-prefixed points, decoded as a worker would."""
     return decode_points(points).column(name).to_pylist()

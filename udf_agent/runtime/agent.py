@@ -24,6 +24,7 @@ from udf_agent.errors import first_line
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
+from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
@@ -252,6 +253,7 @@ class Agent:
         # Only an end of input the peer made can cut a frame short: a read side we shut down
         # ourselves (a stop), or one that broke, is no truncated input.
         peer_ended = False
+        pacer = ReadPacer()
         try:
             while not self._stop_reading.is_set():
                 data = self.connection.read(READ_SIZE)
@@ -259,6 +261,7 @@ class Agent:
                     self._input_ended()
                     peer_ended = not self._stop_reading.is_set()
                     break
+                pause = pacer.after_read(len(data), time.monotonic())
                 # Cut outside the lock: only this thread touches the session's input buffer.
                 session.receive_data(data)
                 while session.frames_waiting:
@@ -268,6 +271,8 @@ class Agent:
                 if session.input_broken:
                     self._act_on_input()  # the framing error, after the frames before it
                     return
+                if pause:
+                    time.sleep(pause)  # input is flowing in small reads: let it gather
         except OSError as exc:
             self._input_ended()
             if not self._stop_reading.is_set():
@@ -430,7 +435,11 @@ class Agent:
                 now = time.monotonic()
                 _, session = self._loaded()
                 deadline = session.deadline()
-                if deadline is not None and (self.config.adaptive_flush or now >= deadline):
+                if deadline is not None and self.config.adaptive_flush:
+                    ready_at = session.ready_at(now)
+                    assert ready_at is not None  # a micro-batch is open
+                    deadline = min(deadline, ready_at)
+                if deadline is not None and now >= deadline:
                     self._dispatch(session.flush())
                     continue
                 # With nothing pending, a micro-batch opened from now on is due no

@@ -20,6 +20,7 @@ from types import FrameType
 from typing import NoReturn
 
 from udf_agent.runtime.logs import configure_logging
+from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.shared import SharedServerError, Welcome, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
 from udf_agent.wire.frames import FrameSplitter
@@ -139,9 +140,13 @@ class Relay:
         return True
 
     def _forward_input(self) -> None:
+        pacer = ReadPacer()
         try:
             while data := os.read(self._read_fd, CHUNK):
+                pause = pacer.after_read(len(data), time.monotonic())
                 self._sock.sendall(data)
+                if pause:
+                    time.sleep(pause)  # input is flowing in small reads: let it gather
         except OSError as exc:  # the server is gone: the output side sees it and says so
             log.debug("relaying input stopped: %s", exc)
         self._end_input()

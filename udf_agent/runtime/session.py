@@ -41,6 +41,13 @@ log = logging.getLogger(__name__)
 
 _EDGE = {"stream": udf_pb2.STREAM, "batch": udf_pb2.BATCH}
 
+# Adaptive flush (``Session.ready_at``): an open micro-batch of at least FLOWING_POINTS points
+# that arrived at FLOWING_RATE points/s or faster is left to gather until GATHER_AGE old. At a
+# trickle (1 k points/s: a point at a time) the compute side still takes each point at once.
+FLOWING_POINTS = 8
+FLOWING_RATE = 10_000.0
+GATHER_AGE = 0.05
+
 
 @dataclass(frozen=True)
 class Send:
@@ -290,6 +297,18 @@ class Session:
     def deadline(self) -> float | None:
         """When the open micro-batch must be computed, at the latest."""
         return None if self._pending is None else self._pending.opened_at + self.flush_interval
+
+    def ready_at(self, now: float) -> float | None:
+        """When an idle compute side should take the open micro-batch (adaptive flush): at
+        once, unless points are flowing in fast, then once the micro-batch is ``GATHER_AGE``
+        old. Under Kapacitor's feed the compute side, idle the moment it finishes, would
+        otherwise take a handful of points at a time and pay a worker round trip for each."""
+        pending = self._pending
+        if pending is None:
+            return None
+        age = now - pending.opened_at
+        flowing = pending.count >= FLOWING_POINTS and pending.count >= FLOWING_RATE * max(age, 1e-6)
+        return pending.opened_at + GATHER_AGE if flowing else now
 
     def flush_due(self, now: float) -> list[Event]:
         deadline = self.deadline()
