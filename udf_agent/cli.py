@@ -149,16 +149,7 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        settings = SparkSettings(
-            master=master,
-            conf=dict(confs),
-            dispatch=spark_dispatch,
-            batch_timeout=batch_timeout,
-            resident_slots=resident_slots,
-            resident_idle=resident_idle,
-            remote=remote,
-        )
-        return SparkEngine(settings)
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote))
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
