@@ -122,15 +122,16 @@ def baseline(handler: str) -> AgentCommand:
     return AgentCommand(f"baseline {handler}", [sys.executable, os.path.join(REPO, "benchmarks", "baseline_agent.py"), handler], cwd=REPO)
 
 
-def official_moving_avg(src: str, unbuffered: bool) -> tuple[AgentCommand | None, str]:
-    """Kapacitor's own Python moving_avg example from a checkout, or None and why it cannot run."""
+def official_moving_avg(src: str, unbuffered: bool, python: str = sys.executable) -> tuple[AgentCommand | None, str]:
+    """Kapacitor's own Python moving_avg example from a checkout, run by ``python``, or None and
+    why it cannot run."""
     library = os.path.join(src, "udf", "agent", "py")
     script = os.path.join(src, "udf", "agent", "examples", "moving_avg", "moving_avg.py")
     if not os.path.isfile(script):
         return None, f"no {script}"
     env = {"PYTHONPATH": library}
     check = subprocess.run(
-        [sys.executable, "-c", "import kapacitor.udf.agent, kapacitor.udf.udf_pb2"],
+        [python, "-c", "import kapacitor.udf.agent, kapacitor.udf.udf_pb2"],
         env={**os.environ, **env},
         check=False,
         capture_output=True,
@@ -142,7 +143,7 @@ def official_moving_avg(src: str, unbuffered: bool) -> tuple[AgentCommand | None
         return None, f"its agent does not import here: {last[:200]}"
     flags = ["-u"] if unbuffered else []
     label = "official moving_avg" + (" -u" if unbuffered else "")
-    return AgentCommand(label, [sys.executable, *flags, script], cwd=src, env=env), ""
+    return AgentCommand(label, [python, *flags, script], cwd=src, env=env), ""
 
 
 def _describe_failure(who: str, result: RunResult) -> str:

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""The referee for speed as Kapacitor really feeds a UDF: the Kapacitor harness's throughput
+scenario, run against each agent in turn, with the CPU of every agent's whole process tree.
+
+    .venv/bin/python benchmarks/kapacitor_harness.py --harness BIN --kapacitor-src DIR [--repeat 3]
+
+The harness (``../shared/kapacitor-harness``, built from Kapacitor's own sources) drives the agent
+with Kapacitor's client code, ``udf.Server`` and ``UDFProcess``: Init, 25 s idle (Spark starts
+meanwhile), 1,000,000 points in 1,000 series written as Kapacitor writes them, every output
+awaited, a normal stop. Agents, each run once per round and the rounds ``--repeat`` times, so
+that every agent meets the machine's moods alike:
+
+- Kapacitor's official Python agent, its own moving_avg example (``python -u``, as
+  kapacitor.conf runs it), from ``--kapacitor-src`` (a directory holding Kapacitor's
+  ``udf/agent``, e.g. ``git --git-dir=KAPACITOR.git archive v1.8.3 udf/agent | tar -x -C DIR``);
+- ``udf-agent run moving_avg`` and ``udf-agent run mirror``, the default deployment: the task's
+  relay and the shared per-host server it starts (fresh for each run, in a private directory),
+  with the server's JVM and Python workers;
+- ``udf-agent run moving_avg --own-spark``: the task's agent with its own JVM and workers.
+
+Figures, median of the runs: points/s as Kapacitor's client measured it (the scenario's point
+op); CPU a point: user + system CPU of the agent's whole process tree from the first point to
+the last output, over the points (every process sampled each 0.1 s, so one that ends meanwhile
+still counts); and the CPU a point of Kapacitor's own client, which shares the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.deployment import cpu_s  # noqa: E402
+from benchmarks.driver import AgentCommand, descendants  # noqa: E402
+from benchmarks.run import official_moving_avg  # noqa: E402
+from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+
+SCENARIO = os.path.join(os.path.dirname(REPO), "shared", "kapacitor-scenarios", "throughput.jsonl")
+DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_harness.json")
+SAMPLE_INTERVAL = 0.1
+# The harness log: "[  26.765s] op#2 (line 8) sleep: ok in 25.00s".
+OP_DONE = re.compile(r"^\[\s*(?P<at>[0-9.]+)s\] op#(?P<op>\d+) \(line \d+\) (?P<kind>\w+): ok")
+RATE = re.compile(r"sent (?P<points>\d+) points in (?P<seconds>[0-9.]+)s \((?P<rate>\d+)/s\)")
+
+
+@dataclass
+class HarnessRun:
+    agent: str
+    status: str = "ok"
+    error: str = ""
+    points: int = 0
+    points_per_s: float = 0.0
+    cpu_s: float = 0.0
+    cpu_us_per_point: float = 0.0
+    kapacitor_cpu_us_per_point: float = 0.0
+    load_average: float = 0.0
+
+
+class CPUTimeline:
+    """CPU seconds of a changing set of processes over time, sampled on a thread: ``at(t)``
+    reads the total at a moment, from the samples either side."""
+
+    def __init__(self, pids: Callable[[], list[int]]):
+        self._pids = pids
+        self._by_pid: dict[int, float] = {}
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="harness-cpu", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(SAMPLE_INTERVAL):
+                self._sample()
+                return
+
+    def _sample(self) -> None:
+        for pid in self._pids():
+            # A process gone reads 0 and keeps what it used.
+            self._by_pid[pid] = max(cpu_s(pid), self._by_pid.get(pid, 0.0))
+        self.samples.append((time.monotonic(), sum(self._by_pid.values())))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, moment: float) -> float:
+        before = [cpu for at, cpu in self.samples if at <= moment]
+        after = [cpu for at, cpu in self.samples if at >= moment]
+        if not before or not after:
+            raise ValueError("no CPU sample around that moment")
+        return (before[-1] + after[0]) / 2
+
+
+def ops_done(log: str) -> dict[int, float]:
+    """When each op of the scenario ended, in seconds from the harness's start."""
+    return {int(m["op"]): float(m["at"]) for m in map(OP_DONE.match, log.splitlines()) if m}
+
+
+def run_once(harness: str, scenario: str, command: AgentCommand, shared_dir: str | None, time_limit: float) -> HarnessRun:
+    run = HarnessRun(agent=command.label, load_average=os.getloadavg()[0])
+    env = {**os.environ, **(command.env or {})}
+    started = time.monotonic()
+    process = subprocess.Popen([harness, scenario, "--", *command.argv], cwd=command.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    servers = (lambda: shared_server_pids(shared_dir)) if shared_dir else list
+
+    def agent_tree() -> list[int]:
+        return [*descendants(process.pid), *(pid for server in servers() for pid in (server, *descendants(server)))]
+
+    agent = CPUTimeline(agent_tree)
+    kapacitor = CPUTimeline(lambda: [process.pid])
+    try:
+        verdict, log = process.communicate(timeout=time_limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        verdict, log = process.communicate()
+        run.status, run.error = "failed", f"no verdict within {time_limit:.0f} s"
+        return run
+    finally:
+        agent.stop()
+        kapacitor.stop()
+    last = verdict.strip().splitlines()[-1] if verdict.strip() else ""
+    rate = RATE.search(last)
+    ops = ops_done(log)
+    if process.returncode != 0 or rate is None or not {2, 4} <= ops.keys():
+        run.status, run.error = "failed", (last or log.strip().splitlines()[-1] if log.strip() else "no verdict")[:300]
+        return run
+    # Points from the end of the idle op to the end of the wait for every output.
+    first_point, last_output = started + ops[2], started + ops[4]
+    run.points = int(rate["points"])
+    run.points_per_s = float(rate["rate"])
+    run.cpu_s = agent.at(last_output) - agent.at(first_point)
+    run.cpu_us_per_point = run.cpu_s / run.points * 1e6
+    run.kapacitor_cpu_us_per_point = (kapacitor.at(last_output) - kapacitor.at(first_point)) / run.points * 1e6
+    return run
+
+
+def protobuf_version(python: str) -> str:
+    found = subprocess.run([python, "-c", "import google.protobuf; print(google.protobuf.__version__)"], capture_output=True, text=True, check=False)
+    return found.stdout.strip() or "none"
+
+
+def kill_shared_servers(directory: str) -> None:
+    for pid in shared_server_pids(directory):
+        for member in [pid, *descendants(pid)]:
+            try:
+                os.kill(member, 9)
+            except ProcessLookupError:
+                pass
+
+
+def table(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per agent: medians of its successful runs, and ratios to the official agent's."""
+    rows = []
+    for label, results in runs.items():
+        ok = [r for r in results if r["status"] == "ok"]
+        row: dict[str, Any] = {"agent": label, "runs_ok": f"{len(ok)}/{len(results)}", "note": "; ".join(sorted({r["error"] for r in results if r["error"]}))}
+        for name in ("points_per_s", "cpu_us_per_point", "kapacitor_cpu_us_per_point"):
+            if ok:
+                row[name] = statistics.median(r[name] for r in ok)
+        rows.append(row)
+    reference = next((row for row in rows if row["agent"].startswith("official") and "points_per_s" in row), None)
+    for row in rows:
+        if reference is not None and "points_per_s" in row:
+            row["rate_vs_official"] = row["points_per_s"] / reference["points_per_s"]
+            row["cpu_vs_official"] = row["cpu_us_per_point"] / reference["cpu_us_per_point"]
+    return rows
+
+
+def format_table(report: dict[str, Any]) -> str:
+    machine = report["machine"]
+    lines = [
+        f"Kapacitor harness, throughput scenario ({os.path.basename(report['scenario'])}), median of {report['repeat']} run(s); "
+        f"the official agent on protobuf {report['official_protobuf']}; "
+        f"{machine['cpus']} CPUs, load {machine['load_average_start']:.2f} -> {machine['load_average_end']:.2f}",
+        "",
+        "| agent | runs ok | points/s | CPU a point | rate vs official | CPU vs official | Kapacitor's client, CPU a point | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["table"]:
+        lines.append(
+            f"| {row['agent']} | {row['runs_ok']} | {_figure(row, 'points_per_s', '{:,.0f}')} | {_figure(row, 'cpu_us_per_point', '{:.1f} µs')} "
+            f"| {_figure(row, 'rate_vs_official', '{:.2f}×')} | {_figure(row, 'cpu_vs_official', '{:.2f}×')} "
+            f"| {_figure(row, 'kapacitor_cpu_us_per_point', '{:.1f} µs')} | {row['note']} |"
+        )
+    return "\n".join(lines)
+
+
+def _figure(row: dict[str, Any], name: str, pattern: str) -> str:
+    value = row.get(name)
+    return pattern.format(value) if value is not None else "—"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--harness", default=os.environ.get("HARNESS_BIN"), help="the kapacitor-harness binary (or $HARNESS_BIN)")
+    parser.add_argument("--kapacitor-src", default=os.environ.get("KAPACITOR_SRC"), help="a directory holding Kapacitor's udf/agent (or $KAPACITOR_SRC)")
+    parser.add_argument("--official-python", default=sys.executable, help="the Python that runs the official agent, with the protobuf it should use (default: this one)")
+    parser.add_argument("--scenario", default=SCENARIO, help="the throughput scenario (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds; each runs every agent once (default: %(default)s)")
+    parser.add_argument("--agents", default="official,moving_avg,mirror,own_spark", help="comma-separated, from the default: %(default)s")
+    parser.add_argument("--json", default=DEFAULT_JSON, help="where the results go (default: %(default)s)")
+    args = parser.parse_args()
+    if not args.harness or not os.access(args.harness, os.X_OK):
+        parser.error("--harness: the kapacitor-harness binary (build it with ../shared/kapacitor-harness/build.sh)")
+    python = sys.executable
+    shared_env = {"UDF_AGENT_OWN_SPARK": "0"}
+    agents: dict[str, tuple[AgentCommand | None, str, bool]] = {}
+    official, why = official_moving_avg(args.kapacitor_src, unbuffered=True, python=args.official_python) if args.kapacitor_src else (None, "no --kapacitor-src")
+    agents["official"] = (official, why, False)
+    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO, env=shared_env), "", True)
+    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO, env=shared_env), "", True)
+    agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False)
+    chosen = [name.strip() for name in args.agents.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - agents.keys())
+    if unknown:
+        parser.error(f"--agents: unknown {', '.join(unknown)}; known: {', '.join(agents)}")
+    report: dict[str, Any] = {
+        "scenario": args.scenario, "repeat": args.repeat, "official_protobuf": protobuf_version(args.official_python),
+        "machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()[0]}, "runs": {},
+    }
+    for name in chosen:
+        command, why, _ = agents[name]
+        label = command.label if command is not None else "official moving_avg -u"
+        report["runs"][label] = [] if command is not None else [asdict(HarnessRun(agent=label, status="skipped", error=why))]
+    for round_number in range(1, args.repeat + 1):
+        for name in chosen:
+            command, _, shared = agents[name]
+            if command is None:
+                continue
+            print(f"round {round_number}: {command.label} ...", file=sys.stderr, flush=True)
+            shared_dir = tempfile.mkdtemp(prefix="kh-shared-") if shared else None
+            if shared_dir is not None:
+                os.chmod(shared_dir, 0o700)
+                command = AgentCommand(command.label, command.argv, command.cwd, {**(command.env or {}), "UDF_AGENT_SHARED_DIR": shared_dir})
+            try:
+                run = run_once(args.harness, args.scenario, command, shared_dir, time_limit=600)
+            finally:
+                if shared_dir is not None:
+                    kill_shared_servers(shared_dir)
+                    shutil.rmtree(shared_dir, ignore_errors=True)
+            print(f"  {run.status}: {run.points_per_s:,.0f} points/s, {run.cpu_us_per_point:.1f} µs a point {run.error}", file=sys.stderr, flush=True)
+            report["runs"][command.label].append(asdict(run))
+    report["machine"]["load_average_end"] = os.getloadavg()[0]
+    report["table"] = table(report["runs"])
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    with open(args.json, "w") as out:
+        json.dump(report, out, indent=1)
+    print(format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
