@@ -151,6 +151,17 @@ def run_once(harness: str, scenario: str, command: AgentCommand, shared_dir: str
     return run
 
 
+def without_options(scenario: str, directory: str) -> str:
+    """The scenario with an Init of no options (mirror takes none), written into ``directory``."""
+    path = os.path.join(directory, "no-options-" + os.path.basename(scenario))
+    with open(scenario) as source, open(path, "w") as out:
+        for line in source:
+            if line.lstrip().startswith("{") and json.loads(line).get("op") == "init":
+                line = json.dumps({**json.loads(line), "options": {}}) + "\n"
+            out.write(line)
+    return path
+
+
 def protobuf_version(python: str) -> str:
     found = subprocess.run([python, "-c", "import google.protobuf; print(google.protobuf.__version__)"], capture_output=True, text=True, check=False)
     return found.stdout.strip() or "none"
@@ -221,12 +232,13 @@ def main() -> int:
         parser.error("--harness: the kapacitor-harness binary (build it with ../shared/kapacitor-harness/build.sh)")
     python = sys.executable
     shared_env = {"UDF_AGENT_OWN_SPARK": "0"}
-    agents: dict[str, tuple[AgentCommand | None, str, bool]] = {}
+    # name: (command, why it cannot run, whether it uses the shared server, whether it takes the scenario's options)
+    agents: dict[str, tuple[AgentCommand | None, str, bool, bool]] = {}
     official, why = official_moving_avg(args.kapacitor_src, unbuffered=True, python=args.official_python) if args.kapacitor_src else (None, "no --kapacitor-src")
-    agents["official"] = (official, why, False)
-    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO, env=shared_env), "", True)
-    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO, env=shared_env), "", True)
-    agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False)
+    agents["official"] = (official, why, False, True)
+    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO, env=shared_env), "", True, True)
+    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO, env=shared_env), "", True, False)
+    agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False, True)
     chosen = [name.strip() for name in args.agents.split(",") if name.strip()]
     unknown = sorted(set(chosen) - agents.keys())
     if unknown:
@@ -236,12 +248,14 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()[0]}, "runs": {},
     }
     for name in chosen:
-        command, why, _ = agents[name]
+        command, why, _, _ = agents[name]
         label = command.label if command is not None else "official moving_avg -u"
         report["runs"][label] = [] if command is not None else [asdict(HarnessRun(agent=label, status="skipped", error=why))]
+    scenarios = tempfile.mkdtemp(prefix="kh-scenarios-")
+    plain = without_options(args.scenario, scenarios)
     for round_number in range(1, args.repeat + 1):
         for name in chosen:
-            command, _, shared = agents[name]
+            command, _, shared, with_options = agents[name]
             if command is None:
                 continue
             print(f"round {round_number}: {command.label} ...", file=sys.stderr, flush=True)
@@ -250,13 +264,14 @@ def main() -> int:
                 os.chmod(shared_dir, 0o700)
                 command = AgentCommand(command.label, command.argv, command.cwd, {**(command.env or {}), "UDF_AGENT_SHARED_DIR": shared_dir})
             try:
-                run = run_once(args.harness, args.scenario, command, shared_dir, time_limit=600)
+                run = run_once(args.harness, args.scenario if with_options else plain, command, shared_dir, time_limit=600)
             finally:
                 if shared_dir is not None:
                     kill_shared_servers(shared_dir)
                     shutil.rmtree(shared_dir, ignore_errors=True)
             print(f"  {run.status}: {run.points_per_s:,.0f} points/s, {run.cpu_us_per_point:.1f} µs a point {run.error}", file=sys.stderr, flush=True)
             report["runs"][command.label].append(asdict(run))
+    shutil.rmtree(scenarios, ignore_errors=True)
     report["machine"]["load_average_end"] = os.getloadavg()[0]
     report["table"] = table(report["runs"])
     os.makedirs(os.path.dirname(args.json), exist_ok=True)

@@ -384,7 +384,9 @@ class _SharedSessions:
             connection.write(answer_line({"error": message}))
             raise SessionRefused(message) from None
         connection.write(answer_line({"pid": os.getpid(), "log": self._log_path}))
-        return Agent(spec, connection, self._engines, config)
+        from udf_agent.runtime.relay_link import RelayedConnection
+
+        return Agent(spec, RelayedConnection(connection.sock), self._engines, config)
 
     def _spec(self, target: str) -> UDFSpec:
         """The target's UDF; a module of the user's changed on disk since is imported afresh,

@@ -141,6 +141,9 @@ class Agent:
         self._abandoned = False
         self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
+        # When the compute thread, waiting for work, wakes by itself to look at the open
+        # micro-batch; -inf while it is not waiting.
+        self._compute_wakes_at = float("-inf")
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -289,10 +292,24 @@ class Agent:
         """Acts on a slice of the frames read, under the lock (briefly: the compute thread
         must never wait for it long); False once the session has failed."""
         with self._cond:
-            alive = self._dispatch(self.session.next_events(time.monotonic()))
-            if self._work or self.session.pending_points():
-                self._cond.notify_all()  # an idle compute thread takes them at once (adaptive flush)
+            now = time.monotonic()
+            alive = self._dispatch(self.session.next_events(now))
+            due = self._micro_batch_due(now)
+            # Only when the compute thread would otherwise look too late: under Kapacitor's feed
+            # a micro-batch gathers over many reads, and waking it for each costs CPU a point.
+            if self._work or (due is not None and due < self._compute_wakes_at):
+                self._cond.notify_all()
         return alive
+
+    def _micro_batch_due(self, now: float) -> float | None:
+        """When the compute thread, idle, takes the open micro-batch (caller holds ``_cond``)."""
+        session = self.session
+        deadline = session.deadline()
+        if deadline is not None and self.config.adaptive_flush:
+            ready_at = session.ready_at(now)
+            assert ready_at is not None  # a micro-batch is open
+            deadline = min(deadline, ready_at)
+        return deadline
 
     @property
     def initialized(self) -> bool:
@@ -433,18 +450,15 @@ class Agent:
                 if self._abandoned:
                     return _Finish()
                 now = time.monotonic()
-                _, session = self._loaded()
-                deadline = session.deadline()
-                if deadline is not None and self.config.adaptive_flush:
-                    ready_at = session.ready_at(now)
-                    assert ready_at is not None  # a micro-batch is open
-                    deadline = min(deadline, ready_at)
+                deadline = self._micro_batch_due(now)
                 if deadline is not None and now >= deadline:
-                    self._dispatch(session.flush())
+                    self._dispatch(self.session.flush())
                     continue
                 # With nothing pending, a micro-batch opened from now on is due no
                 # earlier than one flush interval from now.
-                self._cond.wait(self.config.flush_interval if deadline is None else deadline - now)
+                self._compute_wakes_at = now + self.config.flush_interval if deadline is None else deadline
+                self._cond.wait(self._compute_wakes_at - now)
+                self._compute_wakes_at = float("-inf")
             item = self._work.popleft()
             self._compute_busy = True
             self._cond.notify_all()

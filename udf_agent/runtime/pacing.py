@@ -11,9 +11,9 @@ before, to count as flowing. The pause bounds what is added at high rates.
 
 from __future__ import annotations
 
-# A pause of half a millisecond: at 100 k points/s about 50 points gather meanwhile, and a
+# A pause of a millisecond: at 100 k points/s about 100 points gather meanwhile, and a
 # keepalive answer waits at most this much longer.
-PAUSE = 0.0005
+PAUSE = 0.001
 # Reads closer together than this (after the pause, if any) mean input is flowing.
 FLOWING_GAP = 0.0005
 # Back-to-back reads in a row that make a flow (a point's two writes are two of them).

@@ -1,8 +1,9 @@
 """A task's process when its Spark is shared: Kapacitor's bytes to the shared server and back.
 
 Imports neither pandas nor numpy (a relay holds ~20 MB) and never parses a request: the
-server's agent speaks the protocol. Output is passed on in whole frames only, so that if the
-server dies mid-frame the task's last frame is still a well-formed ErrorResponse that says so.
+server's agent speaks the protocol. Output is passed on in whole frames only (the server sends
+them in chunks, ``relay_link``), so that if the server dies mid-write the task's last frame is
+still a well-formed ErrorResponse that says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import NoReturn
 
 from udf_agent.runtime.logs import configure_logging
 from udf_agent.runtime.pacing import ReadPacer
+from udf_agent.runtime.relay_link import ChunkSplitter
 from udf_agent.runtime.shared import SharedServerError, Welcome, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
 from udf_agent.wire.frames import FrameSplitter
@@ -70,20 +72,18 @@ class Relay:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._input_ended = threading.Event()
-        self._splitter = FrameSplitter(max_frame_size=2**62)
+        self._chunks = ChunkSplitter()
 
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
         os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
         threading.Thread(target=self._forward_input, name="relay-input", daemon=True).start()
         self._on_stop_signals()
-        last_tag: int | None = None
         try:
             while chunk := self._sock.recv(CHUNK):
-                whole, tag = self._splitter.feed_whole(chunk)
+                whole = self._chunks.feed(chunk)
                 if whole:
                     self._write_all(whole)
-                    last_tag = tag
         except ConnectionResetError:
             pass  # the server died with our input unread: judged below, as an end
         except BrokenPipeError:
@@ -92,9 +92,10 @@ class Relay:
             log.warning("input closed and no output taken for %g s (a task abort): the rest of this task's output is dropped", STOPPED_READER_TIMEOUT)
             self._sock.close()
             return 0
+        _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
-        partial = self._splitter.buffered
+        partial = self._chunks.buffered
         if self._input_ended.is_set() and not partial:
             if not server_alive(self._welcome):
                 log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)

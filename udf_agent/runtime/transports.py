@@ -61,7 +61,7 @@ def _wait_writable(fd: int, deadline: Deadline, written: int) -> None:
             return
 
 
-def _no_deadline() -> None:
+def no_deadline() -> None:
     return None
 
 
@@ -97,7 +97,7 @@ class FdConnection:
             if ready:
                 return os.read(self._read_fd, size)
 
-    def write(self, data: bytes, deadline: Deadline = _no_deadline) -> None:
+    def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
         total = len(view)
         while view:
@@ -131,10 +131,10 @@ class SocketConnection:
     """Kapacitor over one accepted unix socket connection."""
 
     def __init__(self, sock: socket.socket):
-        self._sock = sock
+        self.sock = sock
 
     def read(self, size: int) -> bytes:
-        return self._sock.recv(size)
+        return self.sock.recv(size)
 
     def limit_unread_input(self, size: int) -> None:
         # A unix stream socket queues what the peer sends against the peer's send buffer,
@@ -143,33 +143,33 @@ class SocketConnection:
 
     def input_closed(self) -> bool:
         """Whether the peer has shut down its sending side (seen without reading)."""
-        return _hung_up(self._sock.fileno(), select.POLLRDHUP | select.POLLHUP)
+        return _hung_up(self.sock.fileno(), select.POLLRDHUP | select.POLLHUP)
 
-    def write(self, data: bytes, deadline: Deadline = _no_deadline) -> None:
+    def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
         total = len(view)
         while view:
             try:
-                view = view[self._sock.send(view, socket.MSG_DONTWAIT) :]
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
             except BlockingIOError:
                 pass
             if view:
-                _wait_writable(self._sock.fileno(), deadline, total - len(view))
+                _wait_writable(self.sock.fileno(), deadline, total - len(view))
 
     def close_write(self) -> None:
         try:
-            self._sock.shutdown(socket.SHUT_WR)
+            self.sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
 
     def abort_read(self) -> None:
         try:
-            self._sock.shutdown(socket.SHUT_RD)
+            self.sock.shutdown(socket.SHUT_RD)
         except OSError:
             pass
 
     def close(self) -> None:
-        self._sock.close()
+        self.sock.close()
 
 
 def _hung_up(fd: int, events: int) -> bool:
