@@ -244,3 +244,22 @@ def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path,
     result = info_of_failing_target(tmp_path, monkeypatch, "needs_lib:fn", {"needs_lib.py": "import not_an_installed_library\n"})
     assert 'needs_lib.py", line 1, in <module>' in result.output
     assert "No module named 'not_an_installed_library'" in result.output
+
+
+def test_gather_reaches_the_agent_and_its_session():
+    import socket
+
+    from udf_agent.cli import _agent_config, _split_options, run
+    from udf_agent.compute.engine import LocalEngine
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.session import GATHER
+    from udf_agent.runtime.transports import SocketConnection
+
+    context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
+    command_only = {"target", "master", "confs", "log_level", "own_spark", "shared_idle_exit"}
+    _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), _agent_config(agent_options))
+        assert agent.session.gather == pytest.approx(0.02) != GATHER

@@ -27,8 +27,8 @@ MOVING_AVG_OPTIONS = (option("field", "value"), option("size", 10), option("as",
 OUTLIERS_OPTIONS = (option("field", "value"), option("scale", 1.5))
 
 
-def session(spec: Any = moving_avg, *, max_batch_points: int = 1000, flush_interval: float = 0.5) -> Session:
-    return Session(spec, max_batch_points=max_batch_points, flush_interval=flush_interval)
+def session(spec: Any = moving_avg, *, max_batch_points: int = 1000, flush_interval: float = 0.5, **kwargs: Any) -> Session:
+    return Session(spec, max_batch_points=max_batch_points, flush_interval=flush_interval, **kwargs)
 
 
 def info() -> udf_pb2.Request:
@@ -383,15 +383,15 @@ def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
 
 
 def test_an_idle_compute_side_takes_a_trickle_at_once_and_lets_a_flow_gather():
-    from udf_agent.runtime.session import FLOWING_POINTS, GATHER_AGE
+    from udf_agent.runtime.session import FLOWING_POINTS
 
-    s = started(flush_interval=0.5)
+    s = started(flush_interval=0.5, gather=0.1)
     assert s.ready_at(10.0) is None  # nothing open
     drive(s, [point(1)], now=10.0)
     assert s.ready_at(10.0) == 10.0  # one point: at once, however fast it came
     drive(s, [point(t) for t in range(2, 2 + FLOWING_POINTS)], now=10.0002)
-    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 5 ms old.
-    assert s.ready_at(10.0002) == pytest.approx(10.0 + GATHER_AGE)
+    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 0.1 s old.
+    assert s.ready_at(10.0002) == pytest.approx(10.1)
     assert s.deadline() == pytest.approx(10.5)  # the flush interval still bounds it
     (computed,) = s.flush()
     assert computed.batch.count == 1 + FLOWING_POINTS

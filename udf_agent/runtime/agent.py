@@ -25,7 +25,7 @@ from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
@@ -75,6 +75,8 @@ class AgentConfig:
     # An idle compute side takes what is buffered at once; without this, points
     # wait for flush_interval or max_batch_points.
     adaptive_flush: bool = True
+    # How long an adaptive flush lets a micro-batch gather while points flow in fast.
+    gather: float = GATHER
 
 
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
@@ -120,7 +122,8 @@ class Agent:
         self.spec: UDFSpec | None = None
         # Until the spec is known, the session answers keepalives and keeps the rest.
         self.session = Session(
-            None, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval, max_frame_size=self.config.max_frame_size
+            None, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval, max_frame_size=self.config.max_frame_size,
+            gather=self.config.gather,
         )
         # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()
