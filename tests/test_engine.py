@@ -92,6 +92,20 @@ def test_spark_gets_what_the_agent_needs_as_conf_and_a_cluster_no_loopback_addre
     assert "spark.pyspark.python" not in agent_conf(SparkSettings())  # the user's interpreter stays
 
 
+def test_only_an_embedded_spark_with_resident_workers_runs_without_the_context_cleaner():
+    """The cleaner polls 10 times a second, an idle task's largest JVM cost; Spark jobs per
+    micro-batch leave accumulators and broadcasts that only it removes."""
+    from spark_backend.settings import SparkSettings, agent_conf
+
+    assert agent_conf(SparkSettings(master="local[2]"))["spark.cleaner.referenceTracking"] == "false"
+    assert "spark.cleaner.referenceTracking" not in agent_conf(SparkSettings(master="local[2]", dispatch="jobs"))
+    assert "spark.cleaner.referenceTracking" not in agent_conf(SparkSettings(master="spark://10.0.0.1:7077"))
+    java = agent_conf(SparkSettings(master="local[2]"))["spark.driver.extraJavaOptions"].split()
+    assert {"-XX:-UsePerfData", "-XX:GuaranteedSafepointInterval=0"} <= set(java)
+    keep = agent_conf(SparkSettings(master="local[2]", conf={"spark.cleaner.referenceTracking": "true"}))
+    assert keep["spark.cleaner.referenceTracking"] == "true"  # the user's --conf wins
+
+
 def test_an_unreachable_standalone_master_is_named_with_the_cause_at_once():
     from spark_backend.sessions import SparkStartError, check_reachable
 

@@ -878,3 +878,21 @@ def test_a_task_outlives_150_others_coming_and_going_and_keeps_its_history(serve
     assert_no_error(long_lived, "the long-lived task")
     assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 2.0], server.log()  # (0 + 1 + 5) / 3: history kept
     long_lived.close(timeout=30)
+
+
+def test_shutdown_wakes_a_server_waiting_to_accept_at_once(sock_dir):
+    """An idle server waits in accept for IDLE_CHECK_INTERVAL at a time (no polling CPU);
+    a stop must not wait that out."""
+    from udf_agent.runtime.socket_server import IDLE_CHECK_INTERVAL, UnixSocketServer
+
+    server = UnixSocketServer(os.path.join(sock_dir, "wake.sock"), make_agent=lambda connection: None)  # type: ignore[arg-type, return-value]
+    server.bind()
+    serving = threading.Thread(target=server.serve_forever)
+    serving.start()
+    time.sleep(0.2)  # in accept by now
+    asked = time.monotonic()
+    server.shutdown()
+    serving.join(5)
+    assert not serving.is_alive()
+    assert time.monotonic() - asked < IDLE_CHECK_INTERVAL / 2
+    assert not os.path.exists(os.path.join(sock_dir, "wake.sock"))

@@ -147,6 +147,9 @@ class Agent:
         # When the compute thread, waiting for work, wakes by itself to look at the open
         # micro-batch; -inf while it is not waiting.
         self._compute_wakes_at = float("-inf")
+        # Set when the compute thread ends or a deadline for it is set: what the thread that
+        # runs the agent waits for, instead of polling (an idle task costs no CPU).
+        self._compute_watch = threading.Event()
         self.exit_code = 0
         if spec is not None:
             self._adopt(spec)
@@ -179,14 +182,15 @@ class Agent:
         """Joins the compute thread, or abandons it at the drain deadline (or a protocol
         error's reply deadline); the points left uncomputed."""
         while compute.is_alive():
+            self._compute_watch.clear()  # before looking: a change after it wakes the wait below
             deadlines = [d for d in (self._drain_deadline, self._failure[1] if self._failure else None) if d is not None]
             if not deadlines:
-                compute.join(0.1)
+                self._compute_watch.wait()
                 continue
             remaining = min(deadlines) - time.monotonic()
             if remaining <= 0:
                 return self._abandon()
-            compute.join(min(remaining, 0.1))
+            self._compute_watch.wait(remaining)
         return 0
 
     def _abandon(self) -> int:
@@ -242,6 +246,7 @@ class Agent:
             if self._drain_deadline is None:
                 self._drain_deadline = time.monotonic() + self.config.drain_timeout
                 self.writer.drain_by(self._drain_deadline)
+                self._compute_watch.set()
 
     # ---- reader ----
 
@@ -358,6 +363,7 @@ class Agent:
                 message = f"protocol error: {event.message}"
                 if self._failure is None:
                     self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
+                    self._compute_watch.set()
                 self._work.append(_Finish(message))
                 alive = False
         self._cond.notify_all()
@@ -427,6 +433,12 @@ class Agent:
 
     def _compute_loop(self) -> None:
         try:
+            self._compute_items()
+        finally:
+            self._compute_watch.set()
+
+    def _compute_items(self) -> None:
+        try:
             while True:
                 item = self._next_work()
                 if isinstance(item, _Finish):
@@ -457,10 +469,9 @@ class Agent:
                 if deadline is not None and now >= deadline:
                     self._dispatch(self.session.flush())
                     continue
-                # With nothing pending, a micro-batch opened from now on is due no
-                # earlier than one flush interval from now.
-                self._compute_wakes_at = now + self.config.flush_interval if deadline is None else deadline
-                self._cond.wait(self._compute_wakes_at - now)
+                # With nothing open, the reader wakes this thread for the next micro-batch.
+                self._compute_wakes_at = float("inf") if deadline is None else deadline
+                self._cond.wait(None if deadline is None else deadline - now)
                 self._compute_wakes_at = float("-inf")
             item = self._work.popleft()
             self._compute_busy = True

@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
 
+# How often a server with --idle-exit looks whether it has been idle long enough.
+IDLE_CHECK_INTERVAL = 1.0
+
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -76,7 +79,8 @@ class UnixSocketServer:
             os.umask(old_umask)
         os.chmod(self.path, self.mode)
         listener.listen(64)
-        listener.settimeout(0.2)
+        # The timeout only paces the idle-exit check: shutdown() wakes the accept itself.
+        listener.settimeout(IDLE_CHECK_INTERVAL)
         self._listener = listener
         log.info("listening on %s (mode %o)", self.path, self.mode)
 
@@ -101,6 +105,9 @@ class UnixSocketServer:
                     log.warning("cannot accept a connection yet: %s", exc.strerror)
                     self._stopping.wait(0.1)
                     continue
+                if self._stopping.is_set():
+                    conn.close()  # shutdown()'s wake-up call, or a peer just too late
+                    break
                 with self._lock:
                     open_sessions = len(self._sessions)
                 if open_sessions >= self.max_connections:
@@ -127,6 +134,19 @@ class UnixSocketServer:
         timeout, send ``reason`` (if given) as their ErrorResponse, then end."""
         self._stop_reason = reason
         self._stopping.set()
+        self._wake_accept()
+
+    def _wake_accept(self) -> None:
+        """Connects to the listener, so an accept under way returns now (a signal handler's
+        call included: the kernel queues the connection, nothing waits for the accept)."""
+        waker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        waker.setblocking(False)
+        try:
+            waker.connect(self.path)
+        except OSError:
+            pass  # not listening (yet, or any more), or the backlog is full: the accept returns anyway
+        finally:
+            waker.close()
 
     def _refuse(self, conn: socket.socket, open_sessions: int) -> None:
         """Past --max-connections a connection gets an ErrorResponse saying so, and is closed."""
