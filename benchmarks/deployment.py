@@ -127,27 +127,29 @@ def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
             time.sleep(1)
             totals_mb.append(round(total_mb()))
         relays_mb = [round(_rss_mb(driver.process.pid), 1) for driver in drivers]
+
+        def server_log() -> str:
+            return (work / next(p for p in os.listdir(work) if p.endswith(".log"))).read_text(errors="replace")
+
+        # Idle as a task is for most of its life: past --resident-idle, its workers released.
+        released_after = keep_alive(drivers, lambda: "resident workers released" in server_log(), limit=120)
         relay_cpu = [cpu_s(driver.process.pid) for driver in drivers]
         server_cpu = TreeCPU(server)
-        for beat in range(int(idle_seconds / 5)):  # Kapacitor: a keepalive every timeout / 2
-            for driver in drivers:
-                driver.keepalive(beat)
-            for _ in range(10):
-                time.sleep(0.5)
-                server_cpu.sample()
+        keep_alive(drivers, lambda: False, limit=idle_seconds, sample=server_cpu.sample)
         relay_idle = [(cpu_s(driver.process.pid) - before) / idle_seconds * 100 for driver, before in zip(drivers, relay_cpu)]
         server_idle = server_cpu.used() / idle_seconds * 100
-        server_log = (work / next(p for p in os.listdir(work) if p.endswith(".log"))).read_text(errors="replace")
         return {
             "tasks": tasks,
             "info_ms_after_process_start": info_ms,
             "first_output_s": first_output_s,
             "total_mb_after_each_task": totals_mb,
-            "per_task_past_first_mb": round((totals_mb[-1] - totals_mb[0]) / (tasks - 1), 1),
+            "per_task_past_first_mb": round((totals_mb[-1] - totals_mb[0]) / (tasks - 1), 1) if tasks > 1 else None,
             "relay_mb": relays_mb,
+            "workers_released_after_s": released_after,
             "idle_relay_cpu_percent_of_core_max": round(max(relay_idle), 3),
-            "idle_server_cpu_percent_of_core_all_tasks": round(server_idle, 2),
-            "resident_workers_released_while_idle": "resident workers released, their cores given back to Spark" in server_log,
+            "idle_server_cpu_percent_of_core_all_tasks": round(server_idle, 3),
+            # A task's whole tree when idle: its relay and its share of the server.
+            "idle_cpu_percent_of_core_per_task": round((server_idle + sum(relay_idle)) / tasks, 3),
             "total_mb_after_idle": round(total_mb()),
         }
     finally:
@@ -155,6 +157,24 @@ def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
             driver.kill()
         for pid in shared_server_pids(str(work)):
             os.killpg(pid, 9)
+
+
+def keep_alive(drivers: list[KapacitorDriver], done: Any, limit: float, sample: Any = None) -> float | None:
+    """Sends each task a keepalive every 5 s (Kapacitor: every timeout / 2) until ``done()``
+    or ``limit`` seconds; the seconds it took for ``done()``, None if it never was."""
+    started = time.monotonic()
+    next_beat = started
+    while time.monotonic() - started < limit:
+        if done():
+            return round(time.monotonic() - started, 1)
+        if time.monotonic() >= next_beat:
+            for driver in drivers:
+                driver.keepalive(int(next_beat))
+            next_beat += 5
+        time.sleep(0.5)
+        if sample is not None:
+            sample()
+    return None
 
 
 def process_udf(*where: str) -> dict[str, Any]:
