@@ -263,3 +263,13 @@ def test_gather_reaches_the_agent_and_its_session():
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), _agent_config(agent_options))
         assert agent.session.gather == pytest.approx(0.02) != GATHER
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "replay"])
+def test_remote_without_the_connect_client_says_what_to_install_before_doing_any_work(runner, monkeypatch, command):
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as after the README's plain install
+    args = {"run": ["run", "moving_avg"], "serve": ["serve", "--socket", "/nonexistent/x.sock", "moving_avg"], "replay": ["replay", "moving_avg", "--input", "/nonexistent.lp"]}[command]
+    result = runner.invoke(main, [*args, "--remote", "sc://localhost:15002"])
+    assert result.exit_code == 2
+    assert "--remote needs Spark Connect's client, and grpcio is not installed here: pip install 'udf-agent[connect]'" in result.output
+    assert "Traceback" not in result.output

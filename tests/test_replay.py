@@ -377,3 +377,14 @@ def test_batch_every_takes_tickscript_durations(cpu_file):
     assert CliRunner().invoke(main, [*base, "--batch-every", "1d"]).exit_code == 0
     refused = CliRunner().invoke(main, [*base, "--batch-every", "10x"])
     assert refused.exit_code == 2 and "not a TICKscript duration" in refused.output
+
+
+def test_replay_plot_without_matplotlib_says_what_to_install_before_doing_any_work(cpu_file, tmp_path, monkeypatch):
+    path, _ = cpu_file
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as after the README's plain install
+    out_path, png = tmp_path / "o.lp", tmp_path / "cpu.png"
+    result = CliRunner().invoke(main, ["replay", "moving_avg", "--input", str(path), "-o", "field=usage", "-o", "size=4", "--in-process", "--output", str(out_path), "--plot", str(png)])
+    assert result.exit_code == 2
+    assert "--plot needs matplotlib, which is not installed here: pip install 'udf-agent[plot]'" in result.output
+    assert "Traceback" not in result.output and "replayed" not in result.output
+    assert not out_path.exists() and not png.exists()

@@ -86,7 +86,27 @@ def _connect_url(ctx: click.Context, param: click.Parameter, value: str | None) 
         return None
     if not value.startswith("sc://"):
         raise click.BadParameter(f"{value!r} is not a Spark Connect URL (sc://HOST:PORT)")
+    missing = _missing_modules(CONNECT_CLIENT_MODULES)
+    if missing:
+        raise click.UsageError(f"--remote needs Spark Connect's client, and {', '.join(missing)} is not installed here: pip install 'udf-agent[connect]'")
     return value
+
+
+# What PySpark's Connect client needs beyond the agent's own dependencies, as (module, package).
+CONNECT_CLIENT_MODULES = (("grpc", "grpcio"), ("grpc_status", "grpcio-status"), ("google.rpc", "googleapis-common-protos"), ("zstandard", "zstandard"))
+
+
+def _missing_modules(modules: tuple[tuple[str, str], ...]) -> list[str]:
+    """The packages of ``modules`` (module, package) that do not import here."""
+    import importlib
+
+    missing = []
+    for module, package in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    return missing
 
 
 def _tick_duration_ns(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -461,6 +481,8 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     from udf_agent.tools.replay import ReplayError, in_process_engines, replay_points
     from udf_agent.tools.tickscript import TickError, parse_call
 
+    if plot_path is not None and _missing_modules((("matplotlib", "matplotlib"),)):
+        raise click.UsageError("--plot needs matplotlib, which is not installed here: pip install 'udf-agent[plot]'")
     configure_logging(log_level)
     out_fd = claim_stdout() if output_path == "-" else None
     spec = _load(target)
