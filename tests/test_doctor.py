@@ -19,8 +19,9 @@ def test_a_healthy_machine_passes_every_check_and_spark_is_started_and_timed(tmp
     done = doctor("--master", "local[1]", "--socket-dir", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["OK   python", "OK   java", "OK   pyspark", "OK   spark", "OK   socket dir"]
-    assert "started in " in lines[3] and " s, micro-batches run on Spark" in lines[3]
+    assert [line.split(":")[0] for line in lines] == ["OK   python", "OK   java", "OK   pyspark", "OK   compiled code", "OK   spark", "OK   socket dir"]
+    assert "frame scanner and point codec loaded in " in lines[3]
+    assert "started in " in lines[4] and " s, micro-batches run on Spark" in lines[4]
 
 
 @pytest.mark.integration
@@ -29,7 +30,7 @@ def test_without_java_doctor_says_what_to_install_and_does_not_try_spark(tmp_pat
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert lines[1].startswith("FAIL java: Java not found") and "openjdk-17-jre-headless" in lines[1]
-    assert lines[3] == "FAIL spark: not started: fix the lines above first"
+    assert lines[4] == "FAIL spark: not started: fix the lines above first"
     assert "2 check(s) failed" in done.stderr
 
 
@@ -46,3 +47,11 @@ def test_an_unwritable_socket_directory_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(doctor_module.os, "access", lambda path, mode: False)
     check = check_socket_dir(str(tmp_path))
     assert not check.ok and "is not writable by this user" in check.detail
+
+
+def test_compiled_code_that_cannot_load_fails_its_check_saying_what_needs_it():
+    # A fresh interpreter where numba does not import, as on a machine where it broke.
+    probe = "import sys; sys.modules['numba'] = None\nfrom udf_agent.tools.doctor import check_compiled\nc = check_compiled(); print(c.ok, c.detail)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("False cannot load (ModuleNotFoundError: import of numba halted"), done.stdout + done.stderr
+    assert "every UDF that computes needs it (only mirror runs without)" in done.stdout

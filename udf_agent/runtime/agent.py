@@ -421,12 +421,16 @@ class Agent:
         started = time.monotonic()
         try:
             hotpath.load_scanner()
-            self.session.use_compiled_splitter(hotpath.compiled_splitter)
-            if self.spec is not None and self.spec.compute and not self.spec.passthrough:
-                hotpath.load_point_codec()
-        except Exception as exc:  # only speed-ups: the reference paths carry on
-            log.warning("the compiled hot path is unavailable, running the slower reference code: %s", exc)
+        except Exception as exc:  # a speed-up: the reference frame splitter carries on
+            log.warning("the compiled frame scanner cannot load, reading frames with the slower reference code: %s", exc)
             return
+        self.session.use_compiled_splitter(hotpath.compiled_splitter)
+        if self.spec is not None and self.spec.compute and not self.spec.passthrough:
+            try:
+                hotpath.load_point_codec()
+            except Exception as exc:  # no reference twin: its micro-batches will fail, saying why
+                log.error("the compiled point codec cannot load, and %s cannot compute without it (run 'udf-agent doctor'): %s", self.spec.name, exc)
+                return
         log.debug("compiled hot path loaded in %.2f s", time.monotonic() - started)
 
     # ---- compute ----

@@ -28,6 +28,7 @@ def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java
     yield java
     libraries = check_libraries()
     yield libraries
+    yield check_compiled()
     if java.ok and libraries.ok:
         yield check_spark(make_spark)
     else:
@@ -54,6 +55,23 @@ def check_libraries() -> Check:
     except ImportError as exc:
         return Check("pyspark", False, f"{exc}: reinstall udf-agent (pip install udf-agent) in this environment")
     return Check("pyspark", True, f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
+
+
+def check_compiled() -> Check:
+    """Loads the compiled frame scanner and point codec (compiling them on a first run)."""
+    started = time.monotonic()
+    try:
+        from udf_agent.wire import hotpath
+
+        hotpath.load_scanner()
+        hotpath.load_point_codec()
+        import numba
+    except Exception as exc:
+        return Check(
+            "compiled code", False,
+            f"cannot load ({type(exc).__name__}: {exc}): every UDF that computes needs it (only mirror runs without); reinstall numba in this environment (pip install --force-reinstall numba)",
+        )
+    return Check("compiled code", True, f"numba {numba.__version__}: frame scanner and point codec loaded in {time.monotonic() - started:.1f} s")
 
 
 def check_spark(make_spark: Callable[[], SparkEngine]) -> Check:

@@ -1,9 +1,10 @@
 """Where the runtime chooses between the compiled kernels and their plain-Python twins.
 
 The compiled frame scanner and point codec (numba, compiled once per machine into its cache)
-load off the Info path; until they have loaded, and wherever they cannot load, the reference
-code in ``frames``, ``grouped`` and ``columns`` does the same work, slower. Nothing heavy is
-imported here: loading is what the ``load_*`` functions do.
+load off the Info path. Until the scanner has loaded, or where it cannot, the reference
+``frames.FrameSplitter`` cuts frames, slower. The point codec has no such twin in production
+(``columns`` is the tests' reference): a UDF that computes needs it, and ``doctor`` checks it
+loads. Nothing heavy is imported here: loading is what the ``load_*`` functions do.
 """
 
 from __future__ import annotations
