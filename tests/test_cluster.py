@@ -219,15 +219,16 @@ def test_an_idle_task_gives_its_cores_back(server, tasks, request):
             time.sleep(0.2)
         third = tasks(*where, "--resident-idle", "2s")  # so that the idle task gets a core back soon
         assert _first_output_after_init(third) < 30
-        assert "1 of 1 resident Spark worker(s) connected" in third.log()
         if server == "standalone":
-            # No core for it at first: a Spark job computed, cancelled once the worker came.
+            # No core for it at first: its first micro-batches run as Spark jobs (the first may
+            # finish before the worker connects, or be cancelled for it), then on the worker.
             assert "micro-batches run as Spark jobs until one connects" in third.log(), third.log()[-3000:]
             deadline = time.monotonic() + 30
             while "micro-batches run on Spark's resident workers again" not in third.log():
                 third.point(time=100, name="m", fieldsDouble={"v": 1.0})
                 assert time.monotonic() < deadline, third.log()[-3000:]
                 time.sleep(0.5)
+        assert "1 of 1 resident Spark worker(s) connected" in third.log()
         # The idle task computes again when points come: its first micro-batch relaunches.
         idle.point(time=10, name="m", fieldsDouble={"v": 3.0})
         idle.responses.wait_for("point", 2, timeout=60)
