@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ if REPO not in sys.path:
 
 from benchmarks.deployment import cpu_s  # noqa: E402
 from benchmarks.driver import AgentCommand, descendants  # noqa: E402
+from benchmarks.kapacitor_feed import RATE_AND_CPU, markdown_table, median_rows  # noqa: E402
 from benchmarks.run import official_moving_avg  # noqa: E402
 from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
 
@@ -176,46 +176,15 @@ def kill_shared_servers(directory: str) -> None:
                 pass
 
 
-def table(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One row per agent: medians of its successful runs, and ratios to the official agent's."""
-    rows = []
-    for label, results in runs.items():
-        ok = [r for r in results if r["status"] == "ok"]
-        row: dict[str, Any] = {"agent": label, "runs_ok": f"{len(ok)}/{len(results)}", "note": "; ".join(sorted({r["error"] for r in results if r["error"]}))}
-        for name in ("points_per_s", "cpu_us_per_point", "kapacitor_cpu_us_per_point"):
-            if ok:
-                row[name] = statistics.median(r[name] for r in ok)
-        rows.append(row)
-    reference = next((row for row in rows if row["agent"].startswith("official") and "points_per_s" in row), None)
-    for row in rows:
-        if reference is not None and "points_per_s" in row:
-            row["rate_vs_official"] = row["points_per_s"] / reference["points_per_s"]
-            row["cpu_vs_official"] = row["cpu_us_per_point"] / reference["cpu_us_per_point"]
-    return rows
-
-
 def format_table(report: dict[str, Any]) -> str:
     machine = report["machine"]
-    lines = [
+    heading = (
         f"Kapacitor harness, throughput scenario ({os.path.basename(report['scenario'])}), median of {report['repeat']} run(s); "
         f"the official agent on protobuf {report['official_protobuf']}; "
-        f"{machine['cpus']} CPUs, load {machine['load_average_start']:.2f} -> {machine['load_average_end']:.2f}",
-        "",
-        "| agent | runs ok | points/s | CPU a point | rate vs official | CPU vs official | Kapacitor's client, CPU a point | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in report["table"]:
-        lines.append(
-            f"| {row['agent']} | {row['runs_ok']} | {_figure(row, 'points_per_s', '{:,.0f}')} | {_figure(row, 'cpu_us_per_point', '{:.1f} µs')} "
-            f"| {_figure(row, 'rate_vs_official', '{:.2f}×')} | {_figure(row, 'cpu_vs_official', '{:.2f}×')} "
-            f"| {_figure(row, 'kapacitor_cpu_us_per_point', '{:.1f} µs')} | {row['note']} |"
-        )
-    return "\n".join(lines)
-
-
-def _figure(row: dict[str, Any], name: str, pattern: str) -> str:
-    value = row.get(name)
-    return pattern.format(value) if value is not None else "—"
+        f"{machine['cpus']} CPUs, load {machine['load_average_start']:.2f} -> {machine['load_average_end']:.2f}"
+    )
+    columns = [*RATE_AND_CPU, ("Kapacitor's client, CPU a point", "kapacitor_cpu_us_per_point", "{:.1f} µs")]
+    return "\n".join([heading, "", *markdown_table(report["table"], columns)])
 
 
 def main() -> int:
@@ -273,7 +242,7 @@ def main() -> int:
             report["runs"][command.label].append(asdict(run))
     shutil.rmtree(scenarios, ignore_errors=True)
     report["machine"]["load_average_end"] = os.getloadavg()[0]
-    report["table"] = table(report["runs"])
+    report["table"] = median_rows(report["runs"], ("points_per_s", "cpu_us_per_point", "kapacitor_cpu_us_per_point"))
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(report, out, indent=1)

@@ -188,3 +188,23 @@ def test_kapacitor_feed_measures_rate_and_the_whole_trees_cpu(command):
     ours_run = {**official, "points_per_s": 50.0, "cpu_us_per_point": 2.0}
     rows = {row["agent"]: row for row in table({"official moving_avg": [official], "ours": [ours_run]})}
     assert (rows["ours"]["rate_vs_official"], rows["ours"]["cpu_vs_official"]) == (0.5, 0.5)
+
+
+def test_kapacitor_harness_reads_the_harness_log_and_gives_mirror_an_init_of_no_options(tmp_path):
+    from benchmarks.kapacitor_feed import median_rows
+    from benchmarks.kapacitor_harness import RATE, ops_done, without_options
+
+    log = "[   1.764s] op#1 (line 7) init: ok in 1.76s: init 1.76s\n[  26.765s] op#2 (line 8) sleep: ok in 25.00s\n[  40.607s] op#4 (line 10) wait: ok in 0.05s\n"
+    assert ops_done(log) == {1: 1.764, 2: 26.765, 4: 40.607}
+    found = RATE.search("PASS throughput (40.7s) | init 1.76s; sent 1000000 points in 13.79s (72512/s), 996288 outputs")
+    assert found is not None and (found["points"], found["rate"]) == ("1000000", "72512")
+    scenario = tmp_path / "s.jsonl"
+    scenario.write_text('# a comment\n{"op":"init","options":{"field":"value","size":10}}\n{"op":"sleep","ms":5}\n')
+    lines = open(without_options(str(scenario), str(tmp_path))).read().splitlines()
+    assert lines == ["# a comment", '{"op": "init", "options": {}}', '{"op":"sleep","ms":5}']
+    runs = {
+        "official moving_avg -u": [{"status": "ok", "error": "", "points_per_s": 50.0, "cpu_us_per_point": 10.0}],
+        "ours": [{"status": "ok", "error": "", "points_per_s": v, "cpu_us_per_point": c} for v, c in ((60.0, 4.0), (90.0, 5.0), (70.0, 7.0))],
+    }
+    ours = median_rows(runs, ("points_per_s", "cpu_us_per_point"))[1]
+    assert (ours["points_per_s"], ours["rate_vs_official"], ours["cpu_vs_official"]) == (70.0, 1.4, 0.5)

@@ -437,12 +437,6 @@ class Agent:
 
     def _compute_loop(self) -> None:
         try:
-            self._compute_items()
-        finally:
-            self._compute_watch.set()
-
-    def _compute_items(self) -> None:
-        try:
             while True:
                 item = self._next_work()
                 if isinstance(item, _Finish):
@@ -461,6 +455,8 @@ class Agent:
         except BaseException as exc:  # even SystemExit from a UDF must end the task, not hang it
             log.exception("internal error")
             self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._compute_watch.set()  # the runner's wait ends
 
     def _next_work(self) -> Work:
         with self._cond:
