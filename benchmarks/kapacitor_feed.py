@@ -33,7 +33,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,9 +42,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.deployment import TreeCPU, wait_for_log  # noqa: E402
-from benchmarks.driver import AgentCommand, AgentProcess, LatencyStats, descendants  # noqa: E402
+from benchmarks.deployment import TreeCPU  # noqa: E402
+from benchmarks.driver import AgentCommand, AgentProcess, LatencyStats  # noqa: E402
 from benchmarks.run import official_moving_avg  # noqa: E402
+from benchmarks.shared_deployment import shared_directory, shared_env, warm_shared_server  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
 
@@ -136,28 +136,6 @@ def measure(command: AgentCommand, workload: Workload, init: bytes, time_limit: 
         agent.kill()
 
 
-def warm_shared_server(udf: str, env: dict[str, str], init: bytes) -> None:
-    """A first task on the shared server: it starts the server and Spark, and computes; then
-    the server's log says its compute engine is ready (the first micro-batches were computed
-    in the server while Spark started)."""
-    warmup = Workload(points=2_000, groups=10)
-    command = AgentCommand(f"warm-up {udf}", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=env)
-    deadline = time.monotonic() + 300
-    agent = AgentProcess(command, deadline)
-    try:
-        agent.init(init, deadline)
-        with open(warmup.path(), "rb") as source:
-            agent.write(source.read())
-        if not agent.wait_for(lambda: agent.tally.points >= warmup.points, deadline):
-            raise RuntimeError(f"the warm-up task did not compute: {agent.failure('no output')}")
-        agent.close_stdin()
-        agent.process.wait(60)
-    finally:
-        agent.kill()
-    directory = env["UDF_AGENT_SHARED_DIR"]
-    wait_for_log(lambda: "".join(open(os.path.join(directory, name), errors="replace").read() for name in os.listdir(directory) if name.endswith(".log")))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", type=int, default=1_000_000)
@@ -172,9 +150,8 @@ def main() -> int:
     mirror = init_frame([])
     time_limit = 120 + args.points / 10_000
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()}, "points": args.points, "groups": args.groups, "runs": {}}
-    with tempfile.TemporaryDirectory(prefix="kfeed-") as shared_dir:
-        os.chmod(shared_dir, 0o700)
-        shared = {"UDF_AGENT_SHARED_DIR": shared_dir, "UDF_AGENT_OWN_SPARK": "0"}
+    with shared_directory("kfeed-") as shared_dir:
+        shared = shared_env(shared_dir)
         # (label, command or None, Init, the shared server's UDF to warm, a log line that says warm)
         cases: list[tuple[str, AgentCommand | None, bytes, str | None, str | None]] = []
         official, why = official_moving_avg(args.kapacitor_src, unbuffered=True) if args.kapacitor_src else (None, "no --kapacitor-src")
@@ -184,25 +161,17 @@ def main() -> int:
             cases.append((command.label, command, init, udf, None))
         own = AgentCommand("udf-agent moving_avg --own-spark", [sys.executable, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO)
         cases.append((own.label, own, moving_avg, None, "compute engine ready"))
-        try:
-            for label, command, init, warm_udf, warm_log in cases:
-                if command is None:
-                    report["runs"][label] = [asdict(FeedRun(agent=label, status="skipped", error=why))]
-                    continue
-                print(f"{label} ...", file=sys.stderr)
-                runs = []
-                for _ in range(args.repeat):
-                    if warm_udf is not None:
-                        warm_shared_server(warm_udf, shared, init)
-                    runs.append(measure(command, workload, init, time_limit, shared_dir if warm_udf else None, warm_log))
-                report["runs"][label] = [asdict(run) for run in runs]
-        finally:
-            for pid in shared_server_pids(shared_dir):
-                for member in [pid, *descendants(pid)]:
-                    try:
-                        os.kill(member, 9)
-                    except ProcessLookupError:
-                        pass
+        for label, command, init, warm_udf, warm_log in cases:
+            if command is None:
+                report["runs"][label] = [asdict(FeedRun(agent=label, status="skipped", error=why))]
+                continue
+            print(f"{label} ...", file=sys.stderr)
+            runs = []
+            for _ in range(args.repeat):
+                if warm_udf is not None:
+                    warm_shared_server(warm_udf, shared_dir, init)
+                runs.append(measure(command, workload, init, time_limit, shared_dir if warm_udf else None, warm_log))
+            report["runs"][label] = [asdict(run) for run in runs]
     report["machine"]["load_average_end"] = os.getloadavg()
     report["table"] = table(report["runs"])
     os.makedirs(os.path.dirname(args.json), exist_ok=True)

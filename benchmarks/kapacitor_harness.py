@@ -27,6 +27,7 @@ still counts); and the CPU a point of Kapacitor's own client, which shares the h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -48,6 +49,7 @@ from benchmarks.deployment import cpu_s  # noqa: E402
 from benchmarks.driver import AgentCommand, descendants  # noqa: E402
 from benchmarks.kapacitor_feed import RATE_AND_CPU, markdown_table, median_rows  # noqa: E402
 from benchmarks.run import official_moving_avg  # noqa: E402
+from benchmarks.shared_deployment import shared_directory, shared_env  # noqa: E402
 from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
 
 SCENARIO = os.path.join(os.path.dirname(REPO), "shared", "kapacitor-scenarios", "throughput.jsonl")
@@ -167,15 +169,6 @@ def protobuf_version(python: str) -> str:
     return found.stdout.strip() or "none"
 
 
-def kill_shared_servers(directory: str) -> None:
-    for pid in shared_server_pids(directory):
-        for member in [pid, *descendants(pid)]:
-            try:
-                os.kill(member, 9)
-            except ProcessLookupError:
-                pass
-
-
 def format_table(report: dict[str, Any]) -> str:
     machine = report["machine"]
     heading = (
@@ -200,13 +193,12 @@ def main() -> int:
     if not args.harness or not os.access(args.harness, os.X_OK):
         parser.error("--harness: the kapacitor-harness binary (build it with ../shared/kapacitor-harness/build.sh)")
     python = sys.executable
-    shared_env = {"UDF_AGENT_OWN_SPARK": "0"}
     # name: (command, why it cannot run, whether it uses the shared server, whether it takes the scenario's options)
     agents: dict[str, tuple[AgentCommand | None, str, bool, bool]] = {}
     official, why = official_moving_avg(args.kapacitor_src, unbuffered=True, python=args.official_python) if args.kapacitor_src else (None, "no --kapacitor-src")
     agents["official"] = (official, why, False, True)
-    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO, env=shared_env), "", True, True)
-    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO, env=shared_env), "", True, False)
+    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO), "", True, True)
+    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO), "", True, False)
     agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False, True)
     chosen = [name.strip() for name in args.agents.split(",") if name.strip()]
     unknown = sorted(set(chosen) - agents.keys())
@@ -228,16 +220,11 @@ def main() -> int:
             if command is None:
                 continue
             print(f"round {round_number}: {command.label} ...", file=sys.stderr, flush=True)
-            shared_dir = tempfile.mkdtemp(prefix="kh-shared-") if shared else None
-            if shared_dir is not None:
-                os.chmod(shared_dir, 0o700)
-                command = AgentCommand(command.label, command.argv, command.cwd, {**(command.env or {}), "UDF_AGENT_SHARED_DIR": shared_dir})
-            try:
-                run = run_once(args.harness, args.scenario if with_options else plain, command, shared_dir, time_limit=600)
-            finally:
+            with contextlib.ExitStack() as stack:
+                shared_dir = stack.enter_context(shared_directory("kh-shared-")) if shared else None
                 if shared_dir is not None:
-                    kill_shared_servers(shared_dir)
-                    shutil.rmtree(shared_dir, ignore_errors=True)
+                    command = AgentCommand(command.label, command.argv, command.cwd, {**(command.env or {}), **shared_env(shared_dir)})
+                run = run_once(args.harness, args.scenario if with_options else plain, command, shared_dir, time_limit=600)
             print(f"  {run.status}: {run.points_per_s:,.0f} points/s, {run.cpu_us_per_point:.1f} µs a point {run.error}", file=sys.stderr, flush=True)
             report["runs"][command.label].append(asdict(run))
     shutil.rmtree(scenarios, ignore_errors=True)

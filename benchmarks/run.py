@@ -30,6 +30,7 @@ if REPO not in sys.path:
 
 from benchmarks.driver import AgentCommand, LatencyStats, RunResult, run_flat_out, run_paced  # noqa: E402
 from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
+from benchmarks.shared_deployment import shared_directory, shared_env, warm_shared_server  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "latest.json")
@@ -116,6 +117,11 @@ def ours(udf: str, settings: Settings) -> AgentCommand:
     """A task with its own Spark (--own-spark): its whole process tree is the agent's, so what
     it costs is measured alone. benchmarks/deployment.py measures tasks on the shared Spark."""
     return AgentCommand(f"udf-agent {udf}", [sys.executable, "-m", "udf_agent", "run", udf, "--own-spark", *settings.agent_args], cwd=REPO)
+
+
+def shared(udf: str, directory: str) -> AgentCommand:
+    """A task as Kapacitor starts it by default: a relay to the shared per-host server (in DIRECTORY)."""
+    return AgentCommand(f"udf-agent {udf} (shared)", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=shared_env(directory))
 
 
 def baseline(handler: str) -> AgentCommand:
@@ -352,53 +358,56 @@ class Bench:
         measured = int(s.latency_rate * s.latency_seconds)
         workload = Workload(1 + int(s.latency_rate * s.latency_warmup_seconds) + measured, s.groups)
         workload.path()
+        # What a trickle waits, on a task's own Spark and on the default deployment (the relay hop included).
         pairs: tuple[tuple[str, str, list[tuple[str, object]], float, float], ...] = (
-            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 60.0, 150.0),
-            ("mirror", "echo", [], 5.0, 20.0),
+            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 5.0, 20.0),
+            ("mirror", "echo", [], 1.0, 20.0),
         )
-        for udf, handler, options, p50_goal, p99_goal in pairs:
-            results = {}
-            for role, command in (("ours", ours(udf, s)), ("baseline", baseline(handler))):
-                self.say(f"{command.label}: {measured:,} points at {s.latency_rate:,.0f} points/s, one per write")
-                result = run_paced(
-                    command,
-                    init_frame(options),
-                    workload,
-                    s.latency_rate,
-                    s.latency_seconds,
-                    s.latency_warmup_seconds,
-                    s.time_limit(workload.points),
+        with shared_directory("bench-shared-") as shared_dir:
+            for udf, handler, options, p50_goal, p99_goal in pairs:
+                init = init_frame(options)
+                baseline_result = self._paced(baseline(handler), init, workload, None, record, f"baseline {udf}")
+                for deployment, command in (("own Spark", ours(udf, s)), ("default: relay + shared server", shared(udf, shared_dir))):
+                    if command.env is not None and udf != "mirror":
+                        self.say(f"{command.label}: warming the shared server")
+                        warm_shared_server(udf, shared_dir, init)
                     # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.
-                    ENGINE_READY_LOG if role == "ours" and udf != "mirror" else None,
-                )
-                p50, p99 = (result.latency.p50_ms, result.latency.p99_ms) if result.latency else (None, None)
-                self.say(
-                    f"  -> {result.status}, p50 {_number(p50)} ms, p99 {_number(p99)} ms" + (f" ({result.error})" if result.error else "")
-                )
-                self._keep(record, f"{role} {udf}", result)
-                results[role] = result
-            mine, theirs = results["ours"].latency, results["baseline"].latency
-            missing = mine.unanswered if mine else measured
-            note = "; ".join(filter(None, [_describe_failure("ours", results["ours"]), _describe_failure("baseline", results["baseline"])]))
-            if missing:
-                note = "; ".join(filter(None, [note, f"{missing} point(s) never came back"]))
-            for figure, attribute, goal in (
-                ("p50", "p50_ms", value_at_most(p50_goal, "ms")),
-                ("p99", "p99_ms", value_at_most(p99_goal, "ms")),
-                ("max", "max_ms", None),
-            ):
-                row = make_row(
-                    "latency",
-                    f"{udf} {figure} at {s.latency_rate:,.0f} points/s",
-                    getattr(mine, attribute) if mine else None,
-                    "ms",
-                    getattr(theirs, attribute) if theirs else None,
-                    goal,
-                    note if figure == "p50" else "",
-                )
-                if goal is not None and missing:
-                    row.met = False
-                self.rows.append(row)
+                    warm_log = ENGINE_READY_LOG if command.env is None and udf != "mirror" else None
+                    result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment}")
+                    self._latency_rows(f"{udf}, {deployment}", result, baseline_result, measured, p50_goal, p99_goal)
+
+    def _paced(self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str) -> RunResult:
+        s = self.settings
+        self.say(f"{command.label}: {int(s.latency_rate * s.latency_seconds):,} points at {s.latency_rate:,.0f} points/s, one per write")
+        result = run_paced(command, init, workload, s.latency_rate, s.latency_seconds, s.latency_warmup_seconds, s.time_limit(workload.points), warm_log)
+        p50, p99 = (result.latency.p50_ms, result.latency.p99_ms) if result.latency else (None, None)
+        self.say(f"  -> {result.status}, p50 {_number(p50)} ms, p99 {_number(p99)} ms" + (f" ({result.error})" if result.error else ""))
+        self._keep(record, key, result)
+        return result
+
+    def _latency_rows(self, label: str, mine_run: RunResult, theirs_run: RunResult, measured: int, p50_goal: float, p99_goal: float) -> None:
+        mine, theirs = mine_run.latency, theirs_run.latency
+        missing = mine.unanswered if mine else measured
+        note = "; ".join(filter(None, [_describe_failure("ours", mine_run), _describe_failure("baseline", theirs_run)]))
+        if missing:
+            note = "; ".join(filter(None, [note, f"{missing} point(s) never came back"]))
+        for figure, attribute, goal in (
+            ("p50", "p50_ms", value_at_most(p50_goal, "ms")),
+            ("p99", "p99_ms", value_at_most(p99_goal, "ms")),
+            ("max", "max_ms", None),
+        ):
+            row = make_row(
+                "latency",
+                f"{figure} at {self.settings.latency_rate:,.0f} points/s, {label}",
+                getattr(mine, attribute) if mine else None,
+                "ms",
+                getattr(theirs, attribute) if theirs else None,
+                goal,
+                note if figure == "p50" else "",
+            )
+            if goal is not None and missing:
+                row.met = False
+            self.rows.append(row)
 
     def case_memory(self, record: dict[str, Any]) -> None:
         s = self.settings
