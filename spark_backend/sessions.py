@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from spark_backend.settings import SparkSettings, agent_conf
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.runtime.logs import foreign_line, log_format
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession
@@ -138,8 +139,11 @@ class ClassicSession:
             raise SparkStartError(str(exc)) from None
         check_reachable(settings.master)
         log.info("starting Spark (master %s, Java %d at %s)", settings.master, version, java)
+        conf = agent_conf(settings)
+        if log_format() == "json":
+            _start_jvm_logging_through_us(settings, conf)
         builder = Builder.builder.master(settings.master).appName(settings.app_name)
-        for key, value in agent_conf(settings).items():
+        for key, value in conf.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         for key in settings.conf:
@@ -182,6 +186,29 @@ class ClassicSession:
 
     def stop(self) -> None:
         self.dataframes.stop()
+
+
+def _start_jvm_logging_through_us(settings: SparkSettings, conf: dict[str, str]) -> None:
+    """Starts Spark's JVM with its stderr a pipe whose lines this process logs
+    (``logs.foreign_line``): with --log-format json what the JVM and Spark's Python workers
+    write there (the JVM's own start-up warnings, a worker's print) stays one JSON object a line.
+    The SparkSession built next takes this JVM."""
+    import subprocess
+    import threading
+
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    spark_conf = SparkConf().setMaster(settings.master).setAppName(settings.app_name).setAll(list(conf.items()))
+    gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.PIPE})
+    output = logging.getLogger("spark.output")
+
+    def forward() -> None:
+        for line in gateway.proc.stderr:
+            foreign_line(line.decode(errors="replace"), output)
+
+    threading.Thread(target=forward, name="spark-stderr", daemon=True).start()
+    SparkContext(conf=spark_conf, gateway=gateway)
 
 
 def _executor_cores(context: object) -> int:

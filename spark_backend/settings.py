@@ -7,6 +7,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from udf_agent.runtime.logs import log_format
+
 # Chosen for a driver that mostly moves bytes: quick JVM start-up (C1 only, serial GC, no UI),
 # Arrow on, Python workers reused between jobs. An idle task must cost next to no CPU, and an
 # idle JVM wakes up tens of times a second: no perf-data sampling (20/s), no guaranteed
@@ -82,7 +84,7 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
     needs["spark.executorEnv.PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     # Spark's log lines land in the UDF log: warnings and worse, everything with --log-level debug.
     level = "INFO" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "WARN"
-    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-json.properties" if log_format() == "json" else "log4j2.properties")
     java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
     needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
     if settings.dispatch == "resident" and settings.master.startswith("local"):

@@ -1,5 +1,6 @@
 """``udf-agent run`` as a real process, driven over real pipes as Kapacitor drives it."""
 
+import json
 import os
 import statistics
 import sys
@@ -250,6 +251,18 @@ def test_garbage_input_ends_with_an_error_response(drivers, garbage, reason):
     # The point accepted before the garbage still came out, before the error.
     assert driver.responses.kinds()[-2:] == ["point", "error"]
     assert "Traceback" not in driver.log()
+
+
+def test_with_log_format_json_every_stderr_line_is_an_object_naming_the_task(drivers):
+    driver = drivers("run", "mirror", "--log-format", "json")
+    assert driver.init().success
+    driver.send_raw(b"\x03\xff\xff\xff")
+    assert "not a valid Request" in driver.responses.wait_for("error", timeout=30)[0].error
+    assert driver.process.wait(30) == 1
+    lines = [json.loads(line) for line in driver.log().splitlines()]
+    (error,) = [line for line in lines if line["level"] == "error"]
+    assert (error["taskID"], error["nodeID"], error["udf"]) == ("test", "udf1", "mirror")
+    assert "protocol error" in error["message"] and error["pid"] == driver.process.pid
 
 
 def test_bad_options_fail_init_but_keep_the_process(drivers):

@@ -7,6 +7,7 @@ itself; one runs moving_avg on the shared Spark.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -193,8 +194,8 @@ def test_a_task_abort_with_output_unread_ends_the_relay_within_seconds(drivers, 
     assert "(a task abort): the rest of this task's output is dropped" in driver.log()
 
 
-def test_an_idle_server_exits_by_itself_and_removes_its_socket(drivers, shared_dir):
-    task = drivers("run", "mirror", "--shared-idle-exit", "1s", env=shared_env(shared_dir))
+def test_an_idle_server_exits_by_itself_and_removes_its_socket_and_logs_as_the_task_that_started_it(drivers, shared_dir):
+    task = drivers("run", "mirror", "--shared-idle-exit", "1s", "--log-format", "json", env=shared_env(shared_dir))
     assert task.init(timeout=60).success, task.log()
     time.sleep(1.5)  # a task connected is not idleness, however quiet
     (server,) = shared_server_pids(shared_dir)
@@ -206,7 +207,13 @@ def test_an_idle_server_exits_by_itself_and_removes_its_socket(drivers, shared_d
         time.sleep(0.1)
     assert sockets(shared_dir) == []
     (log,) = [name for name in os.listdir(shared_dir) if name.endswith(".log")]
-    assert "no task for 1 s (--idle-exit): stopping" in open(os.path.join(shared_dir, log)).read()
+    # --log-format json, in the relay's stderr and in the server's log: a JSON object a line.
+    server_lines = [json.loads(line) for line in open(os.path.join(shared_dir, log)).read().splitlines()]
+    relay_lines = [json.loads(line) for line in task.log().splitlines()]
+    assert any("no task for 1 s (--idle-exit): stopping" in line["message"] for line in server_lines)
+    (initialised,) = [line for line in server_lines if "initialised" in line["message"]]
+    assert (initialised["taskID"], initialised["nodeID"], initialised["udf"], initialised["level"]) == ("test", "udf1", "mirror", "info")
+    assert any("computing on the shared Spark server" in line["message"] for line in relay_lines)
     del server
 
 

@@ -1,6 +1,8 @@
 """What Spark writes to the UDF log: warnings and worse, everything with --log-level debug,
 and how long its start took."""
 
+import json
+
 import pytest
 
 from udf_agent.testing import option
@@ -23,6 +25,17 @@ def test_spark_logs_only_warnings_by_default_and_the_log_says_how_long_it_took_t
     assert "spark INFO" not in log
     # PySpark's own start-up chatter about its default logging is gone too.
     assert "default log4j profile" not in log and "Setting default log level" not in log
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+def test_with_log_format_json_what_spark_writes_is_one_json_object_a_line_too(drivers):
+    lines = [json.loads(line) for line in run_one_point_on_spark(drivers, "--log-format", "json", "--log-level", "debug").splitlines()]
+    loggers = {line["logger"] for line in lines}
+    assert "spark_backend.engine" in loggers
+    # Spark's log4j lines (and whatever its JVM writes on its own) as objects.
+    assert "spark.org.apache.spark.SparkContext" in loggers, loggers
+    assert all(line["level"] in ("debug", "info", "warning", "error", "critical", "fatal") for line in lines)
 
 
 @pytest.mark.integration

@@ -127,6 +127,15 @@ def _tick_duration_ns(ctx: click.Context, param: click.Parameter, value: str | N
     return ns
 
 
+_log_format_option = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="How stderr lines look: 'json' writes one JSON object a line (time, level, pid, logger, taskID, nodeID, udf, message, exception) for log pipelines; Kapacitor copies a UDF's stderr into its own log either way. A line logged for a task names it. A shared Spark server logs, to its own file, in the format of the task that started it.",
+)
+
+
 def _compute_options(function: CommandFunction) -> CommandFunction:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
@@ -148,6 +157,7 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
         click.option("--gather", type=DurationType(), default="150ms", show_default=True, help="While points flow in at 10 k/s or more, how long an idle compute side lets a micro-batch gather (never past --flush-interval). A micro-batch costs mostly per group in it, so longer means less CPU a point (1,000 series under Kapacitor's feed: 50ms 8 µs, 150ms 5 µs) and up to this much more latency while such a flow lasts; a trickle is computed at once whatever this is."),
         click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log. Output no one takes for 1 s in that time (a task stop) is dropped at once."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
+        _log_format_option,
     ]
     for decorator in reversed(decorators):
         function = decorator(function)
@@ -250,7 +260,7 @@ def main() -> None:
     show_default=True,
     help="A shared Spark server this task starts exits after serving no task for this long.",
 )
-def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, own_spark: bool, shared_idle_exit: float, **options: Any) -> None:
+def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
 
     By default the task computes on this host's shared Spark server, started on first use
@@ -259,14 +269,14 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     engine_options, agent_options = _split_options(options)
     if not own_spark:
         settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
-        _relay(target, settings, shared_idle_exit, agent_options, log_level)
+        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format)
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
 
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
     connection = claim_stdio()
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     engines = _engines(master, confs, **engine_options)
     agent = Agent(None, connection, engines, _agent_config(agent_options))
     _on_stop_signals(agent.stop_reading)
@@ -276,7 +286,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     _exit(code, engines)
 
 
-def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str) -> NoReturn:
+def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str) -> NoReturn:
     """The task as a relay to the shared Spark server (started if none is up); exits. The
     launch is remembered for the next task started with this command line (see entry.py)."""
     from udf_agent.runtime.relay import relay_stdio
@@ -287,12 +297,12 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 
     def join_server() -> Welcome:
         server = locate(settings)
-        welcome = join(server, settings, idle_exit, hello)
+        welcome = join(server, settings, idle_exit, hello, log_format)
         if isinstance(argv, list):
-            remember_launch(argv, Launch(server, hello, log_level))
+            remember_launch(argv, Launch(server, hello, log_level, log_format))
         return welcome
 
-    relay_stdio(join_server, log_level)
+    relay_stdio(join_server, log_level, log_format)
 
 
 @main.command(cls=_TargetCommand)
@@ -302,7 +312,7 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 @click.option("--init-timeout", type=DurationType(), default="60s", show_default=True, help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.")
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, **options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
@@ -314,7 +324,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
         raise click.BadParameter(f"{socket_mode!r} is not an octal mode such as 0660", param_hint="--socket-mode") from None
     if not 0 <= mode <= 0o777:
         raise click.BadParameter(f"{socket_mode!r} is not a file mode", param_hint="--socket-mode")
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     spec = _load(target)
     engine_options, agent_options = _split_options(options)
     engines = _engines(master, confs, **engine_options)
@@ -344,7 +354,8 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
 @click.option("--idle-exit", type=DurationType(), default="10m", show_default=True, help="Exit after serving no task for this long.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True)
-def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str) -> None:
+@_log_format_option
+def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str, log_format: str) -> None:
     """The host's shared Spark server, which 'run' starts on first use: not normally run by hand.
 
     Every process UDF ('udf-agent run', unless --own-spark) with the same install and Spark
@@ -362,7 +373,7 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
         engines = _engines(settings.pop("master"), tuple((key, value) for key, value in settings.pop("confs")), **settings)
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not the settings 'run' passes: {exc}", param_hint="--settings") from None
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     server = UnixSocketServer(
         socket_path,
         _SharedSessions(engines, os.path.splitext(os.path.abspath(socket_path))[0] + ".log"),

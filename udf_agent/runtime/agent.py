@@ -24,6 +24,7 @@ from udf_agent.errors import first_line
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
+from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
 from udf_agent.runtime.writer import Writer
@@ -128,10 +129,11 @@ class Agent:
         # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()
         self._work: deque[Work] = deque()
-        self.writer = Writer(connection)
+        # Kapacitor's task and node IDs (from the InitRequest) and the UDF: named by every line this task logs.
+        self.labels = TaskLabels()
+        self.writer = Writer(connection, self.labels)
         self._reader: threading.Thread | None = None
         self._options: OptionValues | None = None
-        self._task = ("", "")  # Kapacitor's task and node IDs, from the InitRequest
         self._job: Job | None = None
         self.groups = GroupStore(self.config.max_groups)
         self._skipped = 0
@@ -159,16 +161,17 @@ class Agent:
     def start_reading(self) -> None:
         """Starts the reader now; until the spec arrives it answers keepalives only."""
         if self._reader is None:
-            self._reader = threading.Thread(target=self._read_loop, name="reader", daemon=True)
+            self._reader = threading.Thread(target=in_task(self.labels, self._read_loop), name="reader", daemon=True)
             self._reader.start()
 
     def run(self, spec: UDFSpec | None = None) -> int:
         """Serves the connection until Kapacitor closes it; returns the exit code."""
+        label_thread(self.labels)  # what adopting the spec logs names the task too
         if spec is not None:
             self._adopt(spec)
         if not self.session.adopted:
             raise ValueError("Agent.run needs the UDF spec")
-        compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        compute = threading.Thread(target=in_task(self.labels, self._compute_loop), name="compute", daemon=True)
         compute.start()
         self.start_reading()
         not_computed = self._wait_for_compute(compute)
@@ -227,6 +230,7 @@ class Agent:
         self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
         with self._cond:
             self.spec = spec
+            self.labels.udf = spec.name
             self._dispatch(self.session.adopt(spec, time.monotonic()))
             self._cond.notify_all()
 
@@ -400,9 +404,10 @@ class Agent:
 
     def _start(self, event: Started) -> None:
         self._options = event.options
-        self._task = (event.task_id, event.node_id)
+        self.labels.task_id, self.labels.node_id = event.task_id, event.node_id
+        log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
         self.engines.warm_up(self._loaded()[0])
-        threading.Thread(target=self._reply_when_loaded, args=(event.reply,), name="hot-path-load", daemon=True).start()
+        threading.Thread(target=in_task(self.labels, self._reply_when_loaded), args=(event.reply,), name="hot-path-load", daemon=True).start()
 
     def _reply_when_loaded(self, reply: bytes) -> None:
         """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed).
@@ -410,7 +415,7 @@ class Agent:
         Kapacitor sends points only after it, so they all take the fast path; the
         reader answers keepalives meanwhile.
         """
-        loader = threading.Thread(target=self._load_hot_path, name="hot-path", daemon=True)
+        loader = threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True)
         loader.start()
         loader.join(HOT_PATH_WAIT)
         if loader.is_alive():
@@ -500,7 +505,7 @@ class Agent:
             from udf_agent.compute.contract import Job
 
             assert self._options is not None  # points are refused before a successful Init
-            self._job = Job(spec, self._options.raw(), *self._task)
+            self._job = Job(spec, self._options.raw(), self.labels.task_id, self.labels.node_id)
         job = self._job
         from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
 

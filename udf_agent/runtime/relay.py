@@ -39,11 +39,11 @@ STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
 
 
-def relay_stdio(join: Callable[[], Welcome], log_level: str) -> NoReturn:
+def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str = "text") -> NoReturn:
     """The task's process as a relay: claims stdin and stdout, joins its server with
     ``join`` and relays until the server closes the task's connection; exits."""
     read_fd, write_fd = claim_stdio_fds()
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     try:
         welcome = join()
     except SharedServerError as exc:

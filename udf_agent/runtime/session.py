@@ -358,7 +358,6 @@ class Session:
         except Exception as exc:
             return self._init_failed(f"UDF {self.spec.name!r} cannot start with these options: {exc}")
         self.options = options
-        log.info("task %s node %s: UDF %s initialised with %s", init.taskID or "?", init.nodeID or "?", self.spec.name, dict(options.raw()))
         self.guard.expect("init")
         reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
         return [Started(options, reply, init.taskID, init.nodeID)] if reply is not None else []

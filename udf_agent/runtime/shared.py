@@ -141,12 +141,13 @@ class Launch(NamedTuple):
     server: SharedServer
     hello: dict[str, Any]  # the handshake: target and the task's own options
     log_level: str
+    log_format: str = "text"
 
 
 def remember_launch(argv: list[str], launch: Launch) -> None:
     """Records ``launch`` for the next task started with ``argv`` (written whole or not at all)."""
     path = os.path.join(launch.server.directory, f"{launch_key(argv)}.launch")
-    record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level}
+    record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level, "log_format": launch.log_format}
     temporary = f"{path}.{os.getpid()}"
     try:
         with open(temporary, "w", encoding="utf-8") as out:
@@ -162,7 +163,7 @@ def recall_launch(argv: list[str]) -> Launch | None:
     try:
         with open(os.path.join(directory, f"{launch_key(argv)}.launch"), encoding="utf-8") as f:
             record = json.load(f)
-        return Launch(SharedServer(directory, str(record["server"])), dict(record["hello"]), str(record["log_level"]))
+        return Launch(SharedServer(directory, str(record["server"])), dict(record["hello"]), str(record["log_level"]), str(record.get("log_format", "text")))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged record: the command line is parsed afresh
@@ -189,8 +190,9 @@ class Welcome(NamedTuple):
     started: subprocess.Popen[bytes] | None  # when this task started the server
 
 
-def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello: dict[str, Any]) -> Welcome:
-    """A connection to the shared server, started first if none listens, past the handshake.
+def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello: dict[str, Any], log_format: str = "text") -> Welcome:
+    """A connection to the shared server, started first if none listens (logging in
+    ``log_format``), past the handshake.
 
     SharedServerError when it cannot be started, or refuses the task (its answer says why)."""
     started: subprocess.Popen[bytes] | None = None
@@ -200,7 +202,7 @@ def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello
             with _locked(server.lock_path):
                 sock = _connect(server.socket_path)
                 if sock is None:
-                    started = _start(server, settings, idle_exit)
+                    started = _start(server, settings, idle_exit, log_format)
                     sock = _wait_listening(server, started)
         welcome = _greet(sock, answer_line(hello), started)
         if welcome is not None:
@@ -296,7 +298,7 @@ def _locked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float) -> subprocess.Popen[bytes]:
+def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float, log_format: str) -> subprocess.Popen[bytes]:
     if os.path.exists(server.log_path) and os.path.getsize(server.log_path) > MAX_LOG_BYTES:
         os.replace(server.log_path, server.log_path + ".1")
     argv = [
@@ -310,6 +312,8 @@ def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float) -> 
         f"{idle_exit}s",
         "--settings",
         json.dumps(settings, sort_keys=True),
+        "--log-format",
+        log_format,
     ]
     with open(server.log_path, "ab") as log:
         # Its own session: Kapacitor stopping or killing this task's process leaves it be.

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from udf_agent.runtime.agent import Agent
+from udf_agent.runtime.logs import in_task, label_thread
 from udf_agent.runtime.transports import SocketConnection
 from udf_agent.wire.guard import error_frame
 
@@ -165,11 +166,12 @@ class UnixSocketServer:
         watchdog: threading.Timer | None = None
         try:
             agent = self._make_agent(connection)
+            label_thread(agent.labels)  # "session ended" names its task
             with self._lock:
                 self._sessions[thread] = agent
             if self._stopping.is_set():
                 agent.stop_reading(self._stop_reason)
-            watchdog = threading.Timer(self.init_timeout, self._require_init, args=(agent,))
+            watchdog = threading.Timer(self.init_timeout, in_task(agent.labels, self._require_init), args=(agent,))
             watchdog.daemon = True
             watchdog.start()
             code = agent.run()

@@ -7,6 +7,7 @@ import threading
 from collections import deque
 
 from udf_agent.runtime.connection import Connection, WriteTimeout
+from udf_agent.runtime.logs import TaskLabels, in_task
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class Writer:
     input nothing may keep the agent alive, not even a peer that stopped reading.
     """
 
-    def __init__(self, connection: Connection):
+    def __init__(self, connection: Connection, labels: TaskLabels | None = None):
         self._connection = connection
         self._frames: deque[bytes] = deque()
         self._queued = 0  # bytes in _frames
@@ -36,7 +37,7 @@ class Writer:
         self.broken: BaseException | None = None
         self.unwritten_frames = 0
         self.unwritten_bytes = 0
-        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
+        self._thread = threading.Thread(target=self._run if labels is None else in_task(labels, self._run), name="writer", daemon=True)
         self._thread.start()
 
     def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
