@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -282,6 +283,13 @@ def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
             task.send(udf_pb2.Request(point=grouped_point((first_time + i) * SECOND, "a", float(i))))
         points = task.responses.wait_for("point", 4, timeout=180)
         assert [p.fieldsDouble["avg"] for p in points] == [0.0, 0.5, 1.5, 2.5]
+        if first_time:
+            # `udf-agent status` finds the shared server by itself and lists the live task.
+            status = subprocess.run([sys.executable, "-m", "udf_agent", "status", "--json"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+            assert status.returncode == 0, status.stderr
+            ((shown,),) = [server["tasks"] for server in json.loads(status.stdout)]
+            assert (shown["udf"], shown["points_in"], shown["points_out"], shown["groups"]) == ("moving_avg", 4, 4, 1)
+            assert shown["computed"] == "on Spark's resident workers"
         assert task.close(timeout=60) == 0
     (server,) = shared_server_pids(shared_dir)
     assert len(java_descendants(server)) == 1  # one JVM for both tasks

@@ -8,6 +8,7 @@ same way and check what comes back frame by frame (parsed, never raw bytes).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -896,3 +897,61 @@ def test_shutdown_wakes_a_server_waiting_to_accept_at_once(sock_dir):
     assert not serving.is_alive()
     assert time.monotonic() - asked < IDLE_CHECK_INTERVAL / 2
     assert not os.path.exists(os.path.join(sock_dir, "wake.sock"))
+
+
+# ---------------------------------------------------------------- udf-agent status
+
+
+def test_status_lists_each_live_task_with_what_went_through_and_disturbs_none(servers, drivers, sock_dir):
+    from click.testing import CliRunner
+
+    from udf_agent.cli import main
+
+    path = os.path.join(sock_dir, "mirror.sock")
+    server = servers.start(path)
+    first, second = drivers(path), drivers(path)
+    assert first.init(task_id="cpu_alert", node_id="udf2").success
+    assert second.init(task_id="disk_alert", node_id="udf5").success
+    for j in range(30):
+        first.send(udf_pb2.Request(point=make_point(1, j)))
+    for j in range(5):
+        second.send(udf_pb2.Request(point=make_point(2, j)))
+    first.responses.wait_for("point", 30, timeout=30)
+    second.responses.wait_for("point", 5, timeout=30)
+
+    answer = CliRunner().invoke(main, ["status", "--socket", path, "--json"])
+    assert answer.exit_code == 0, answer.output
+    (status,) = json.loads(answer.output)
+    assert (status["kind"], status["target"], status["pid"], status["spark"]) == ("serve", "mirror", server.process.pid, "not started")
+    tasks = {task["taskID"]: task for task in status["tasks"]}
+    assert set(tasks) == {"cpu_alert", "disk_alert"}
+    assert (tasks["cpu_alert"]["nodeID"], tasks["cpu_alert"]["udf"], tasks["cpu_alert"]["points_in"], tasks["cpu_alert"]["points_out"]) == ("udf2", "mirror", 30, 30)
+    assert (tasks["disk_alert"]["points_in"], tasks["disk_alert"]["points_out"], tasks["disk_alert"]["last_error"]) == (5, 5, None)
+
+    shown = CliRunner().invoke(main, ["status", "--socket", path])
+    assert shown.exit_code == 0, shown.output
+    header, *rows = shown.output.splitlines()
+    assert header.startswith(f"serve pid {server.process.pid} on {path}") and header.endswith("2 task(s)")
+    assert rows[0].split()[:4] == ["TASK", "NODE", "UDF", "UPTIME"]
+    assert sorted(row.split()[0] for row in rows[1:]) == ["cpu_alert", "disk_alert"]
+
+    # The sessions never saw the status requests: they go on as before.
+    first.send(udf_pb2.Request(point=make_point(1, 30)))
+    first.responses.wait_for("point", 31, timeout=30)
+    first.close(timeout=30)
+    second.close(timeout=30)
+    assert_no_error(first, "first")
+    done = CliRunner().invoke(main, ["status", "--socket", path, "--json"])
+    assert json.loads(done.output)[0]["tasks"] == []
+
+
+def test_status_of_nothing_listening_says_so_in_one_line(sock_dir, monkeypatch):
+    from click.testing import CliRunner
+
+    from udf_agent.cli import main
+
+    missing = CliRunner().invoke(main, ["status", "--socket", os.path.join(sock_dir, "none.sock")])
+    assert missing.exit_code == 1 and missing.output.strip() == f"Error: no socket at {os.path.join(sock_dir, 'none.sock')}"
+    monkeypatch.setenv("UDF_AGENT_SHARED_DIR", os.path.join(sock_dir, "shared"))
+    none_shared = CliRunner().invoke(main, ["status"])
+    assert none_shared.exit_code == 1 and "no shared Spark server is running" in none_shared.output

@@ -336,6 +336,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
         drain_timeout=config.drain_timeout,
         max_connections=max_connections,
         init_timeout=init_timeout,
+        describe=lambda: {"kind": "serve", "target": target, **engines.describe()},
     )
     try:
         server.bind()
@@ -380,6 +381,7 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
         mode=0o600,
         max_connections=max_connections,
         idle_exit=idle_exit,
+        describe=lambda: {"kind": "shared-server", **engines.describe()},
     )
     try:
         server.bind()
@@ -461,6 +463,37 @@ def check(socket_path: str, timeout: float) -> None:
     except ProbeError as exc:
         raise click.ClickException(f"{socket_path}: {exc}") from None
     click.echo(f"OK {socket_path}: {health}")
+
+
+@main.command()
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), help="A 'serve' socket. Default: every shared Spark server of this user ($UDF_AGENT_SHARED_DIR, else $XDG_RUNTIME_DIR/udf-agent, else /tmp/udf-agent-UID).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: a list of servers, each with its tasks (for scripts).")
+@click.option("--timeout", type=DurationType(), default="5s", show_default=True, help="Longest a server may take to answer.")
+def status(socket_path: str | None, as_json: bool, timeout: float) -> None:
+    """List the live tasks of a server: Kapacitor's task and node IDs, the UDF, uptime, points
+    in and out, input rate, groups kept, where micro-batches run, the last error.
+
+    Exit 1 with one line saying why when a server cannot be asked."""
+    import json
+
+    from udf_agent.runtime.shared import SharedServerError, shared_directory
+    from udf_agent.tools.status import StatusError, ask, shared_sockets, table
+
+    if socket_path is not None:
+        paths = [socket_path]
+    else:
+        try:
+            directory = shared_directory()
+        except SharedServerError as exc:
+            raise click.ClickException(str(exc)) from None
+        paths = shared_sockets(directory)
+        if not paths:
+            raise click.ClickException(f"no shared Spark server is running (none listens in {directory}; the first task started with 'udf-agent run' starts one); for a 'serve' socket give --socket PATH")
+    try:
+        statuses = [ask(path, timeout) for path in paths]
+    except StatusError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(statuses, indent=1) if as_json else table(statuses))
 
 
 @main.command(cls=_TargetCommand)

@@ -182,8 +182,8 @@ class _Driver:
     def info(self, timeout: float = 30) -> udf_pb2.InfoResponse:
         return self._ask(udf_pb2.Request(info=udf_pb2.InfoRequest()), "info", udf_pb2.InfoResponse, timeout)
 
-    def init(self, *options: udf_pb2.Option, timeout: float = 30) -> udf_pb2.InitResponse:
-        request = udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="test", nodeID="udf1"))
+    def init(self, *options: udf_pb2.Option, timeout: float = 30, task_id: str = "test", node_id: str = "udf1") -> udf_pb2.InitResponse:
+        request = udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID=task_id, nodeID=node_id))
         return self._ask(request, "init", udf_pb2.InitResponse, timeout)
 
     def snapshot(self, timeout: float = 180) -> bytes:

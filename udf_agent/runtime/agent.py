@@ -27,6 +27,7 @@ from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
@@ -136,7 +137,8 @@ class Agent:
         self._options: OptionValues | None = None
         self._job: Job | None = None
         self.groups = GroupStore(self.config.max_groups)
-        self._skipped = 0
+        self.stats = TaskStats()
+        self._passed_out = 0  # passthrough points sent (the reader's count; the compute thread counts the rest)
         self._stop_reading = threading.Event()
         self._stop_reason: str | None = None
         self._compute_done = threading.Event()
@@ -323,6 +325,12 @@ class Agent:
             deadline = min(deadline, ready_at)
         return deadline
 
+    def status(self) -> dict[str, Any]:
+        """The task as ``udf-agent status`` shows it."""
+        found = self.stats.snapshot()
+        found["points_out"] += self._passed_out
+        return {"taskID": self.labels.task_id, "nodeID": self.labels.node_id, "udf": self.labels.udf, **found, "groups": len(self.groups)}
+
     @property
     def initialized(self) -> bool:
         """Whether an InitRequest has been accepted."""
@@ -352,6 +360,8 @@ class Agent:
             if isinstance(event, Send):
                 self.writer.send(event.frame, urgent=event.urgent, wait=False)
             elif isinstance(event, Emit):
+                self.stats.received(event.points, time.monotonic())
+                self._passed_out += event.points
                 # Behind the output of micro-batches still being computed, else straight out;
                 # with the output queue full, the compute thread waits for room instead.
                 if self._work or self._compute_busy or self.writer.full():
@@ -361,10 +371,13 @@ class Agent:
             elif isinstance(event, Started):
                 self._start(event)
             elif isinstance(event, (Compute, TakeSnapshot, Restore)):
+                if isinstance(event, Compute):
+                    self.stats.received(event.batch.count, time.monotonic())
                 self._work.append(event)
             elif isinstance(event, Fail):
                 log.error("protocol error: %s", event.message)
                 message = f"protocol error: {event.message}"
+                self.stats.last_error = message
                 if self._failure is None:
                     self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
                     self._compute_watch.set()
@@ -484,6 +497,8 @@ class Agent:
             return item
 
     def _finish(self, error: str | None, code: int = 1) -> None:
+        if error is not None:
+            self.stats.last_error = error
         self._stop_reading.set()
         with self._cond:
             self._compute_done.set()
@@ -532,6 +547,9 @@ class Agent:
         # In arrival order only when every group gave one frame per new point and none failed.
         from udf_agent.runtime.output import output_pieces
 
+        self.stats.micro_batches += 1
+        self.stats.points_out += sum(done.counts)
+        self.stats.computed = engine.name
         in_order_of = grouped if done.failure is None and not done.set_aside else None
         for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=hotpath.scanner_loaded()):
             self.writer.send(piece)
@@ -590,7 +608,8 @@ class Agent:
 
     def _set_aside(self, udf_name: str, summary: str, points: list[bytes], count: int, detail: str | None = None) -> None:
         """``--on-error skip`` or ``dead-letter``: failed input is logged and counted (and written out)."""
-        self._skipped += count
+        self.stats.skipped += count
+        self.stats.last_error = summary
         where = ""
         if self.config.on_error == "dead-letter" and self.config.dead_letter_dir is not None:
             from udf_agent.runtime.deadletter import write_dead_letter
@@ -599,7 +618,7 @@ class Agent:
                 where = f"; written to {write_dead_letter(self.config.dead_letter_dir, udf_name, detail or summary, points)}"
             except OSError as exc:
                 where = f"; the dead letter could not be written: {exc}"
-        log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self._skipped, summary, where)
+        log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self.stats.skipped, summary, where)
 
     def _options_fingerprint(self) -> dict[str, Any] | None:
         """The options snapshots are checked against; None before a successful Init

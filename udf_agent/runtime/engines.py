@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import Engine, LocalEngine
@@ -52,6 +53,19 @@ class Engines:
         if (self.local_while_starting and not spark.ready()) or points <= self.local_max_points:
             return self._local
         return spark
+
+    def describe(self) -> dict[str, Any]:
+        """The Spark engine's state, as ``udf-agent status`` shows it."""
+        with self._lock:
+            spark = self._spark
+        if spark is None:
+            return {"spark": "not started"}
+        found: dict[str, Any] = {"spark": "ready" if spark.ready() else "starting", "micro_batches_run": spark.name}
+        resident = getattr(spark, "resident", None)  # a SparkEngine's resident workers, if it dispatches so
+        if resident is not None:
+            found["resident_workers"] = len(resident.worker_pids())
+            found["resident_launches"] = resident.launches
+        return found
 
     def stop(self) -> None:
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import socket
@@ -10,6 +11,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from udf_agent.runtime.agent import Agent
 from udf_agent.runtime.logs import in_task, label_thread
@@ -25,6 +27,13 @@ IDLE_CHECK_INTERVAL = 1.0
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
+
+# What ``udf-agent status`` sends instead of Kapacitor's bytes (or a relay's handshake): no
+# Kapacitor frame starts so (its first is an Info request, a few bytes long). The answer is the
+# server's status as one JSON document, then the connection closes.
+STATUS_REQUEST = b"UDF-AGENT STATUS\n"
+# A status client writes its request as it connects; a connection silent this long is a session's.
+STATUS_WAIT = 1.0
 
 
 class SocketServerError(Exception):
@@ -47,6 +56,7 @@ class UnixSocketServer:
         max_connections: int = 64,
         init_timeout: float = 60.0,
         idle_exit: float | None = None,
+        describe: Callable[[], dict[str, Any]] | None = None,
     ):
         self.path = os.path.abspath(path)
         self.mode = mode
@@ -58,6 +68,8 @@ class UnixSocketServer:
         self._idle_since = time.monotonic()
         self._stop_reason: str | None = None
         self._make_agent = make_agent
+        self._describe = describe  # the process's own part of the status (its Spark)
+        self._started_wall = time.time()
         self._listener: socket.socket | None = None
         self._stopping = threading.Event()
         self._sessions: dict[threading.Thread, Agent] = {}
@@ -160,9 +172,25 @@ class UnixSocketServer:
         finally:
             conn.close()
 
+    def status(self) -> dict[str, Any]:
+        """The server and its live tasks, as ``udf-agent status`` shows them."""
+        with self._lock:
+            agents = [agent for agent in self._sessions.values() if agent is not None]
+        return {
+            "pid": os.getpid(),
+            "socket": self.path,
+            "started": self._started_wall,
+            "uptime_s": round(time.time() - self._started_wall, 3),
+            **(self._describe() if self._describe is not None else {}),
+            "tasks": [agent.status() for agent in agents],
+        }
+
     def _serve_connection(self, conn: socket.socket) -> None:
-        connection = SocketConnection(conn)
         thread = threading.current_thread()
+        if _status_requested(conn, STATUS_WAIT):
+            self._answer_status(conn, thread)
+            return
+        connection = SocketConnection(conn)
         watchdog: threading.Timer | None = None
         try:
             agent = self._make_agent(connection)
@@ -187,6 +215,19 @@ class UnixSocketServer:
             with self._lock:
                 self._sessions.pop(thread, None)
                 self._idle_since = time.monotonic()
+
+    def _answer_status(self, conn: socket.socket, thread: threading.Thread) -> None:
+        """Answers a status request; it is no task (the server's idle time goes on)."""
+        try:
+            conn.settimeout(5.0)
+            conn.recv(len(STATUS_REQUEST))
+            conn.sendall(json.dumps(self.status()).encode() + b"\n")
+        except OSError as exc:
+            log.warning("a status request went unanswered: %s", exc)
+        finally:
+            conn.close()
+            with self._lock:
+                self._sessions.pop(thread, None)
 
     def _require_init(self, agent: Agent) -> None:
         """A connection that never sent Init holds threads for nothing: it is closed."""
@@ -236,3 +277,25 @@ class UnixSocketServer:
             raise SocketServerError(f"another server is already listening on {self.path}")
         finally:
             probe.close()
+
+
+def _status_requested(conn: socket.socket, timeout: float) -> bool:
+    """Whether the connection's first bytes are ``STATUS_REQUEST`` (peeked: a session reads
+    them as they came). Kapacitor's first byte already differs."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            conn.settimeout(remaining)
+            seen = conn.recv(len(STATUS_REQUEST), socket.MSG_PEEK)
+            if not seen or not STATUS_REQUEST.startswith(seen):
+                return False
+            if len(seen) == len(STATUS_REQUEST):
+                return True
+            time.sleep(0.005)  # the rest of the request is on its way
+    except OSError:
+        return False  # the session meets the same fault and handles it
+    finally:
+        conn.settimeout(None)
