@@ -257,7 +257,7 @@ def test_gather_reaches_the_agent_and_its_session():
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
-    command_only = {"target", "master", "confs", "log_level", "log_format", "own_spark", "shared_idle_exit"}
+    command_only = {"target", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
     _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
     ours, theirs = socket.socketpair()
     with ours, theirs:

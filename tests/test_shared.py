@@ -18,8 +18,10 @@ import sys
 import tempfile
 import textwrap
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.driver import java_descendants
 from udf_agent import udf_pb2
@@ -275,7 +277,7 @@ def test_a_redefined_task_runs_the_udf_module_as_edited_since(drivers, shared_di
 @pytest.mark.spark
 def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
     env = shared_env(shared_dir)
-    args = ("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting")
+    args = ("run", "moving_avg", "--master", "local[2]", "--no-local-while-starting", "--metrics-address", "127.0.0.1:0")
     for first_time in (0, 100):
         task = drivers(*args, env=env)
         assert task.init(option("field", "value"), option("size", 2), timeout=60).success, task.log()
@@ -290,6 +292,13 @@ def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
             ((shown,),) = [server["tasks"] for server in json.loads(status.stdout)]
             assert (shown["udf"], shown["points_in"], shown["points_out"], shown["groups"]) == ("moving_avg", 4, 4, 1)
             assert shown["computed"] == "on Spark's resident workers"
+            # The server the first task started serves the metrics that task asked for.
+            (log,) = [name for name in os.listdir(shared_dir) if name.endswith(".log")]
+            url = re.search(r"metrics at (http://\S+/metrics)", open(os.path.join(shared_dir, log)).read()).group(1)
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                samples = {(s.name, s.labels.get("udf")): s.value for family in text_string_to_metric_families(answer.read().decode()) for s in family.samples}
+            assert samples[("udf_agent_points_received_total", "moving_avg")] == 4 and samples[("udf_agent_micro_batches_total", "moving_avg")] >= 1
+            assert samples[("udf_agent_spark_workers_connected", None)] >= 1
         assert task.close(timeout=60) == 0
     (server,) = shared_server_pids(shared_dir)
     assert len(java_descendants(server)) == 1  # one JVM for both tasks

@@ -955,3 +955,65 @@ def test_status_of_nothing_listening_says_so_in_one_line(sock_dir, monkeypatch):
     monkeypatch.setenv("UDF_AGENT_SHARED_DIR", os.path.join(sock_dir, "shared"))
     none_shared = CliRunner().invoke(main, ["status"])
     assert none_shared.exit_code == 1 and "no shared Spark server is running" in none_shared.output
+
+
+# ---------------------------------------------------------------- --metrics-address
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, by name and labels."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_what_goes_through_each_task_while_it_runs(servers, drivers, sock_dir):
+    import re
+
+    path = os.path.join(sock_dir, "mirror.sock")
+    server = servers.start(path, "mirror", "--metrics-address", "127.0.0.1:0")
+    found = re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)", server.log())
+    assert found, server.log()
+    url = found.group(1)
+    task = drivers(path)
+    assert task.init(task_id="cpu_alert", node_id="udf2").success
+    labels = (("node", "udf2"), ("task", "cpu_alert"), ("udf", "mirror"))
+
+    def sample(name: str, extra: tuple[tuple[str, str], ...] = ()) -> float:
+        return scrape(url)[(name, tuple(sorted(labels + extra)))]
+
+    for j in range(20):
+        task.send(udf_pb2.Request(point=make_point(1, j)))
+    task.responses.wait_for("point", 20, timeout=30)
+    assert (sample("udf_agent_points_received_total"), sample("udf_agent_points_sent_total")) == (20, 20)
+    task.keepalive(time.time_ns())  # stamped with the wall clock, as Kapacitor stamps it
+    for j in range(20, 30):
+        task.send(udf_pb2.Request(point=make_point(1, j)))
+    task.responses.wait_for("point", 30, timeout=30)
+    task.responses.wait_for("keepalive", 1, timeout=30)
+    assert (sample("udf_agent_points_received_total"), sample("udf_agent_points_sent_total")) == (30, 30)
+    assert sample("udf_agent_keepalive_answer_seconds_count") == 1 and sample("udf_agent_keepalive_answer_seconds_bucket", (("le", "1.0"),)) == 1
+    assert sample("udf_agent_output_queued_bytes") >= 0 and sample("udf_agent_points_dropped_at_stop_total") == 0
+    everything = scrape(url)
+    assert everything[("udf_agent_spark_workers_connected", ())] == 0 and ("process_cpu_seconds_total", ()) in everything
+    task.close(timeout=30)
+    assert not any(name.startswith("udf_agent_points") for name, _ in scrape(url)), "an ended task is still scraped"
+
+
+def test_metrics_address_that_cannot_be_served_stops_the_server_with_one_line(servers, sock_dir):
+    import socket as sockets
+
+    taken = sockets.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    with taken:
+        port = taken.getsockname()[1]
+        refused = serve_once(os.path.join(sock_dir, "m.sock"), "mirror", "--metrics-address", f"127.0.0.1:{port}")
+    assert refused.returncode == 1 and f"Error: cannot serve metrics on 127.0.0.1:{port}: Address already in use" in refused.stderr.decode()
+    assert not os.path.exists(os.path.join(sock_dir, "m.sock"))
+    wrong = serve_once(os.path.join(sock_dir, "m.sock"), "mirror", "--metrics-address", "9100")
+    assert wrong.returncode == 2 and "'9100' is not HOST:PORT" in wrong.stderr.decode()

@@ -136,6 +136,40 @@ _log_format_option = click.option(
 )
 
 
+def _metrics_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from udf_agent.runtime.metrics import parse_address
+
+    try:
+        parse_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def _metrics_option(help_text: str) -> Callable[[CommandFunction], CommandFunction]:
+    return click.option("--metrics-address", callback=_metrics_address, metavar="HOST:PORT", help=help_text)
+
+
+_SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task (labels task, node, udf) points received and sent, micro-batches, compute and keepalive-answer time histograms, points skipped and dropped at a stop, groups, output queued; Spark workers connected and their launches; the process's CPU and memory."
+
+
+def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> None:
+    """Starts the metrics endpoint, or stops the command with one line saying why it cannot."""
+    if address is None:
+        return
+    import logging
+
+    from udf_agent.runtime.metrics import MetricsError, serve_metrics
+
+    try:
+        host, port = serve_metrics(address, agents, describe)
+    except MetricsError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.getLogger("udf_agent.cli").info("metrics at http://%s:%d/metrics", host, port)
+
+
 def _compute_options(function: CommandFunction) -> CommandFunction:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),
@@ -260,7 +294,8 @@ def main() -> None:
     show_default=True,
     help="A shared Spark server this task starts exits after serving no task for this long.",
 )
-def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, **options: Any) -> None:
+@_metrics_option("Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts (a server already up keeps its own), or with --own-spark from this task's process.")
+def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, metrics_address: str | None, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
 
     By default the task computes on this host's shared Spark server, started on first use
@@ -269,7 +304,8 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     engine_options, agent_options = _split_options(options)
     if not own_spark:
         settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
-        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format)
+        server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
+        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format, server_args)
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
@@ -279,6 +315,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     configure_logging(log_level, log_format)
     engines = _engines(master, confs, **engine_options)
     agent = Agent(None, connection, engines, _agent_config(agent_options))
+    _serve_metrics(metrics_address, lambda: [agent], engines.describe)
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
@@ -286,7 +323,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     _exit(code, engines)
 
 
-def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str) -> NoReturn:
+def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str, server_args: list[str]) -> NoReturn:
     """The task as a relay to the shared Spark server (started if none is up); exits. The
     launch is remembered for the next task started with this command line (see entry.py)."""
     from udf_agent.runtime.relay import relay_stdio
@@ -297,7 +334,7 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 
     def join_server() -> Welcome:
         server = locate(settings)
-        welcome = join(server, settings, idle_exit, hello, log_format)
+        welcome = join(server, settings, idle_exit, hello, server_args)
         if isinstance(argv, list):
             remember_launch(argv, Launch(server, hello, log_level, log_format))
         return welcome
@@ -310,9 +347,10 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 @click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=64, show_default=True, help="Open sessions at most; a connection beyond gets an ErrorResponse saying so and is closed.")
 @click.option("--init-timeout", type=DurationType(), default="60s", show_default=True, help="A connection that sends no InitRequest within this long is closed with an ErrorResponse.")
+@_metrics_option(_SERVER_METRICS)
 @click.argument("target")
 @_compute_options
-def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
+def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, metrics_address: str | None, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
@@ -338,6 +376,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
         init_timeout=init_timeout,
         describe=lambda: {"kind": "serve", "target": target, **engines.describe()},
     )
+    _serve_metrics(metrics_address, server.agents, engines.describe)
     try:
         server.bind()
     except SocketServerError as exc:
@@ -356,7 +395,8 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
 @click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True)
 @_log_format_option
-def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str, log_format: str) -> None:
+@_metrics_option(_SERVER_METRICS)
+def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_connections: int, log_level: str, log_format: str, metrics_address: str | None) -> None:
     """The host's shared Spark server, which 'run' starts on first use: not normally run by hand.
 
     Every process UDF ('udf-agent run', unless --own-spark) with the same install and Spark
@@ -383,6 +423,7 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
         idle_exit=idle_exit,
         describe=lambda: {"kind": "shared-server", **engines.describe()},
     )
+    _serve_metrics(metrics_address, server.agents, engines.describe)
     try:
         server.bind()
     except SocketServerError as exc:

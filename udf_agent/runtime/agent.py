@@ -216,6 +216,7 @@ class Agent:
         return not_computed
 
     def _report_drain(self, not_computed: int) -> None:
+        self.stats.dropped_at_stop += not_computed
         frames, size = self.writer.unwritten_frames, self.writer.unwritten_bytes
         if not_computed or frames:
             after = (
@@ -359,6 +360,8 @@ class Agent:
             # The caller holds the agent's lock: nothing here may wait on the writer.
             if isinstance(event, Send):
                 self.writer.send(event.frame, urgent=event.urgent, wait=False)
+                if event.asked_at is not None:
+                    self.stats.keepalive_answered(event.asked_at)
             elif isinstance(event, Emit):
                 self.stats.received(event.points, time.monotonic())
                 self._passed_out += event.points
@@ -548,6 +551,7 @@ class Agent:
         from udf_agent.runtime.output import output_pieces
 
         self.stats.micro_batches += 1
+        self.stats.compute_seconds.observe(time.monotonic() - started)
         self.stats.points_out += sum(done.counts)
         self.stats.computed = engine.name
         in_order_of = grouped if done.failure is None and not done.set_aside else None

@@ -57,6 +57,7 @@ class Send:
 
     frame: bytes
     urgent: bool = False
+    asked_at: int | None = None  # a keepalive answer: the time Kapacitor stamped it with (ns)
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,7 @@ class Session:
         if self.adopted:
             return self.receive(request, now)
         if request.WhichOneof("message") == "keepalive":
-            return [Send(keepalive_frame(request.keepalive.time), urgent=True)]
+            return [Send(keepalive_frame(request.keepalive.time), urgent=True, asked_at=request.keepalive.time)]
         return self._keep(request)
 
     def _keep(self, request: Early) -> list[Event]:
@@ -267,7 +268,7 @@ class Session:
             return []
         kind = request.WhichOneof("message")
         if kind == "keepalive":
-            return [Send(keepalive_frame(request.keepalive.time), urgent=True)]
+            return [Send(keepalive_frame(request.keepalive.time), urgent=True, asked_at=request.keepalive.time)]
         if kind == "point":
             return self.receive_point(request.point.SerializeToString(), now)
         if kind == "begin":

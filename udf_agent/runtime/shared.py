@@ -36,7 +36,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from udf_agent import __version__
@@ -190,9 +190,9 @@ class Welcome(NamedTuple):
     started: subprocess.Popen[bytes] | None  # when this task started the server
 
 
-def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello: dict[str, Any], log_format: str = "text") -> Welcome:
-    """A connection to the shared server, started first if none listens (logging in
-    ``log_format``), past the handshake.
+def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello: dict[str, Any], server_args: Sequence[str] = ()) -> Welcome:
+    """A connection to the shared server, started first if none listens (with ``server_args``
+    on its command line: how it logs, its metrics), past the handshake.
 
     SharedServerError when it cannot be started, or refuses the task (its answer says why)."""
     started: subprocess.Popen[bytes] | None = None
@@ -202,7 +202,7 @@ def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello
             with _locked(server.lock_path):
                 sock = _connect(server.socket_path)
                 if sock is None:
-                    started = _start(server, settings, idle_exit, log_format)
+                    started = _start(server, settings, idle_exit, server_args)
                     sock = _wait_listening(server, started)
         welcome = _greet(sock, answer_line(hello), started)
         if welcome is not None:
@@ -298,7 +298,7 @@ def _locked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float, log_format: str) -> subprocess.Popen[bytes]:
+def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float, server_args: Sequence[str]) -> subprocess.Popen[bytes]:
     if os.path.exists(server.log_path) and os.path.getsize(server.log_path) > MAX_LOG_BYTES:
         os.replace(server.log_path, server.log_path + ".1")
     argv = [
@@ -312,8 +312,7 @@ def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float, log
         f"{idle_exit}s",
         "--settings",
         json.dumps(settings, sort_keys=True),
-        "--log-format",
-        log_format,
+        *server_args,
     ]
     with open(server.log_path, "ab") as log:
         # Its own session: Kapacitor stopping or killing this task's process leaves it be.

@@ -172,17 +172,20 @@ class UnixSocketServer:
         finally:
             conn.close()
 
+    def agents(self) -> list[Agent]:
+        """The agents of the open sessions."""
+        with self._lock:
+            return [agent for agent in self._sessions.values() if agent is not None]
+
     def status(self) -> dict[str, Any]:
         """The server and its live tasks, as ``udf-agent status`` shows them."""
-        with self._lock:
-            agents = [agent for agent in self._sessions.values() if agent is not None]
         return {
             "pid": os.getpid(),
             "socket": self.path,
             "started": self._started_wall,
             "uptime_s": round(time.time() - self._started_wall, 3),
             **(self._describe() if self._describe is not None else {}),
-            "tasks": [agent.status() for agent in agents],
+            "tasks": [agent.status() for agent in self.agents()],
         }
 
     def _serve_connection(self, conn: socket.socket) -> None:

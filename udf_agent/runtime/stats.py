@@ -1,4 +1,4 @@
-"""What a task has done so far, as ``udf-agent status`` shows it.
+"""What a task has done so far, as ``udf-agent status`` and the metrics show it.
 
 Each count has one writer: the agent's reader counts what comes in (under the agent's lock),
 its compute thread what goes out. Readers take a snapshot whenever they like.
@@ -6,11 +6,38 @@ its compute thread what goes out. Readers take a snapshot whenever they like.
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any
 
 # The input rate is points over the last window of at least this many seconds.
 RATE_WINDOW = 5.0
+# Upper bounds (seconds) of the histograms' buckets: a micro-batch's compute, a keepalive's answer.
+COMPUTE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+KEEPALIVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# A keepalive's time is Kapacitor's clock when it sent it; an answer time past this is another clock's.
+KEEPALIVE_CLOCK_SKEW = 600.0
+
+
+class Histogram:
+    """Counts of observations per bucket (Prometheus's ``le`` bounds), and their sum."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound, observations at or under it), ending with "+Inf"."""
+        found, total = [], 0
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self._counts):
+            total += count
+            found.append((bound, total))
+        return found
 
 
 class TaskStats:
@@ -21,6 +48,9 @@ class TaskStats:
         self.points_out = 0
         self.micro_batches = 0
         self.skipped = 0  # --on-error skip or dead-letter
+        self.dropped_at_stop = 0  # accepted but not computed within the drain timeout
+        self.compute_seconds = Histogram(COMPUTE_BUCKETS)
+        self.keepalive_seconds = Histogram(KEEPALIVE_BUCKETS)
         self.computed = ""  # where the last micro-batch ran ("on Spark's resident workers")
         self.last_error: str | None = None
         self._window_at = self.started
@@ -32,6 +62,12 @@ class TaskStats:
         if now - self._window_at >= RATE_WINDOW:
             self._last_rate = (self.points_in - self._window_points) / (now - self._window_at)
             self._window_at, self._window_points = now, self.points_in
+
+    def keepalive_answered(self, asked_at_ns: int) -> None:
+        """A keepalive Kapacitor stamped ``asked_at_ns`` (its wall clock) is answered now."""
+        took = (time.time_ns() - asked_at_ns) / 1e9
+        if 0 <= took <= KEEPALIVE_CLOCK_SKEW:
+            self.keepalive_seconds.observe(took)
 
     def rate(self, now: float) -> float:
         """Points/s received over the last window: a spell with none counts as it comes."""

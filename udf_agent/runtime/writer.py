@@ -40,6 +40,11 @@ class Writer:
         self._thread = threading.Thread(target=self._run if labels is None else in_task(labels, self._run), name="writer", daemon=True)
         self._thread.start()
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of output waiting to be written."""
+        return self._queued
+
     def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
         """Queues ``frame``; with ``wait``, data waits while the queue is full
         (``OUTPUT_QUEUE_BYTES``). An urgent frame (a keepalive reply) never waits and goes

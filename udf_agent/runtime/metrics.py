@@ -1,0 +1,93 @@
+"""Prometheus metrics of a server with many tasks (``serve``, the shared server), at
+``http://HOST:PORT/metrics`` with ``--metrics-address HOST:PORT``.
+
+Read at each scrape from what the tasks count anyway (``stats.TaskStats``): nothing is counted
+twice and a task that ended leaves the scrape with its session.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from udf_agent.runtime.agent import Agent
+
+TASK_LABELS = ("task", "node", "udf")
+
+
+class MetricsError(Exception):
+    """The metrics endpoint cannot listen; the message says why."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9100`` for IPv6, ``:9100`` for every interface, port 0 for any free
+    one) as (host, port)."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:9100)")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class _TasksCollector:
+    """Each live task's counts, labelled by Kapacitor's task and node IDs and the UDF, and
+    the process's Spark workers."""
+
+    def __init__(self, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]):
+        self._agents = agents
+        self._describe = describe
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        def counter(name: str, text: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"udf_agent_{name}", text, labels=TASK_LABELS)
+
+        received = counter("points_received", "Points Kapacitor sent the task")
+        sent = counter("points_sent", "Points the task sent Kapacitor")
+        batches = counter("micro_batches", "Micro-batches computed")
+        skipped = counter("points_skipped", "Points set aside by --on-error skip or dead-letter")
+        dropped = counter("points_dropped_at_stop", "Accepted points not computed within the drain timeout at a stop")
+        groups = GaugeMetricFamily("udf_agent_groups", "Groups whose history and state the task keeps", labels=TASK_LABELS)
+        queued = GaugeMetricFamily("udf_agent_output_queued_bytes", "Output waiting to be written to Kapacitor", labels=TASK_LABELS)
+        compute = HistogramMetricFamily("udf_agent_compute_seconds", "Time to compute a micro-batch, from taking it to queueing its output", labels=TASK_LABELS)
+        keepalive = HistogramMetricFamily("udf_agent_keepalive_answer_seconds", "From Kapacitor's stamp on a keepalive to its answer queued first", labels=TASK_LABELS)
+        for agent in self._agents():
+            labels = [agent.labels.task_id, agent.labels.node_id, agent.labels.udf]
+            stats = agent.stats
+            received.add_metric(labels, stats.points_in)
+            sent.add_metric(labels, agent.status()["points_out"])
+            batches.add_metric(labels, stats.micro_batches)
+            skipped.add_metric(labels, stats.skipped)
+            dropped.add_metric(labels, stats.dropped_at_stop)
+            groups.add_metric(labels, len(agent.groups))
+            queued.add_metric(labels, agent.writer.queued_bytes)
+            compute.add_metric(labels, stats.compute_seconds.cumulative(), stats.compute_seconds.sum)
+            keepalive.add_metric(labels, stats.keepalive_seconds.cumulative(), stats.keepalive_seconds.sum)
+        yield from (received, sent, batches, skipped, dropped, groups, queued, compute, keepalive)
+        spark = self._describe()
+        workers = GaugeMetricFamily("udf_agent_spark_workers_connected", "Spark's resident Python workers connected to this process")
+        workers.add_metric([], spark.get("resident_workers", 0))
+        launches = CounterMetricFamily("udf_agent_spark_worker_launches", "Launches of the resident workers (the first, then each relaunch)")
+        launches.add_metric([], spark.get("resident_launches", 0))
+        yield from (workers, launches)
+
+
+def serve_metrics(address: str, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> tuple[str, int]:
+    """Starts the endpoint on a thread of its own; where it listens (the port, if 0 was asked)."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+    host, port = parse_address(address)
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    registry.register(_TasksCollector(agents, describe))
+    try:
+        server, _ = start_http_server(port, host, registry=registry)
+    except (OSError, socket.gaierror) as exc:
+        raise MetricsError(f"cannot serve metrics on {address}: {exc.strerror or exc}") from None
+    bound_host, bound_port = server.server_address[:2]
+    return str(bound_host), int(bound_port)
