@@ -388,3 +388,122 @@ def test_replay_plot_without_matplotlib_says_what_to_install_before_doing_any_wo
     assert "--plot needs matplotlib, which is not installed here: pip install 'udf-agent[plot]'" in result.output
     assert "Traceback" not in result.output and "replayed" not in result.output
     assert not out_path.exists() and not png.exists()
+
+
+# --- Kapacitor's recordings -------------------------------------------------------------
+
+
+def write_stream_recording(path, points):
+    """A .srpl as Kapacitor's WritePointForRecording writes it: gzip of, per point, its
+    database, its retention policy and the point as line protocol, a line each."""
+    with gzip.open(path, "wb") as out:
+        for database, policy, line in points:
+            out.write(f"{database}\n{policy}\n".encode())
+            out.write(line.encode())
+            out.write(b"\n")
+
+
+def write_batch_recording(path, queries):
+    """A .brpl as Kapacitor writes it: a zip with a file per batch query (named 0, 1, ...),
+    each Go's json.Encoder output of its buffered batches (one compact object a line)."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for index, batches in enumerate(queries):
+            archive.writestr(str(index), "".join(json.dumps(batch, separators=(",", ":")) + "\n" for batch in batches))
+
+
+def test_a_stream_recording_replays_with_each_points_database_and_retention_policy(tmp_path):
+    recording = tmp_path / "cpu.srpl"
+    write_stream_recording(
+        recording,
+        [("telegraf", "autogen", "cpu,host=a value=1 1000000000"), ("telegraf", "autogen", "cpu,host=b value=2 2000000000"), ("other", "weekly", "cpu,host=a value=3 3000000000")],
+    )
+    out_path = tmp_path / "out.lp"
+    result = CliRunner().invoke(main, ["replay", "tests.udfs.sample:where_from", "--input", str(recording), "--group-by", "host", "--in-process", "--output", str(out_path)])
+    assert result.exit_code == 0, result.output
+    out = sorted(read_points(lines(out_path.read_text())), key=lambda p: p.time)
+    assert [(p.time, p.fields["database"], p.fields["retention_policy"], p.fields["task"]) for p in out] == [
+        (1 * SECOND, "telegraf", "autogen", "replay"), (2 * SECOND, "telegraf", "autogen", "replay"), (3 * SECOND, "other", "weekly", "replay"),
+    ]
+
+
+def test_a_stream_recording_computes_as_the_same_points_in_line_protocol(cpu_file, tmp_path):
+    _, text_lines = cpu_file
+    recording = tmp_path / "cpu.srpl"
+    write_stream_recording(recording, [("telegraf", "autogen", line) for line in text_lines])
+    out_path = tmp_path / "out.lp"
+    result = CliRunner().invoke(main, ["replay", "moving_avg", "--input", str(recording), "-o", "field=usage", "-o", "size=4", "--group-by", "host", "--in-process", "--output", str(out_path)])
+    assert result.exit_code == 0, result.output
+    out = list(read_points(lines(out_path.read_text())))
+    np.testing.assert_allclose([p.fields["avg"] for p in out], rolling_reference(text_lines, 4)["avg"], atol=1e-12)
+
+
+def test_a_batch_recording_replays_each_recorded_batch_as_one_batch(tmp_path):
+    def batch(group, tmax, values, start):
+        points = [{"fields": {"value": v}, "tags": {"host": group}, "time": f"2026-01-01T00:00:{start + i:02d}.5Z"} for i, v in enumerate(values)]
+        points[0]["tags"] = {}  # as Kapacitor's replay: a point without tags has its batch's
+        return {"name": "cpu", "tmax": tmax, "group": f"host={group}", "tags": {"host": group}, "points": points}
+
+    recording = tmp_path / "cpu.brpl"
+    write_batch_recording(
+        recording,
+        [
+            # A query's batches are recorded with Go's zero time: they end at their last point.
+            [batch("a", "0001-01-01T00:00:00Z", [1, 2, 3], 0), batch("b", "0001-01-01T00:00:00Z", [4, 5], 0)],
+            [batch("a", "2026-01-01T00:01:00Z", [6], 10), {"name": "cpu", "tmax": "2026-01-01T00:02:00Z", "group": "host=a", "tags": {"host": "a"}}],
+        ],
+    )
+    out_path = tmp_path / "out.lp"
+    result = CliRunner().invoke(main, ["replay", "tests.udfs.sample:batch_count", "--input", str(recording), "--in-process", "--output", str(out_path)])
+    assert result.exit_code == 0, result.output
+    out = list(read_points(lines(out_path.read_text())))
+    start = 1_767_225_600 * SECOND  # 2026-01-01T00:00:00Z
+    # Three batches with points (the empty one is skipped), never cut or merged, at their tmax.
+    assert sorted((p.tags.get("host"), p.fields["count"], p.time) for p in out) == [
+        ("a", 1, start + 60 * SECOND),
+        ("a", 3, start + 2 * SECOND + SECOND // 2),
+        ("b", 2, start + 1 * SECOND + SECOND // 2),
+    ]
+    assert "replayed 6 point(s)" in result.output
+
+
+@pytest.mark.parametrize(
+    "name, content, target, args, message, code",
+    [
+        ("cut.srpl", "stream-cut", "stream", [], "the recording ends inside a point", 1),
+        ("bad.srpl", b"not gzip", "stream", [], "not a stream recording (gzip)", 1),
+        ("bad.brpl", b"not zip", "batch", [], "not a batch recording (zip)", 1),
+        ("ok.brpl", "batch", "batch", ["--batch-every", "10s"], "drop --batch-every and --group-by", 2),
+        ("stream.brpl", "batch", "stream", [], "a batch recording (.brpl) is for batch UDFs", 1),
+    ],
+)
+def test_a_recording_that_cannot_be_replayed_says_why_in_one_line(tmp_path, name, content, target, args, message, code):
+    path = tmp_path / name
+    if content == "stream-cut":
+        write_stream_recording(path, [("db", "rp", "cpu value=1 1")])
+        path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).rsplit(b"\n", 2)[0] + b"\n"))
+    elif content == "batch":
+        write_batch_recording(path, [[{"name": "cpu", "group": "", "points": [{"fields": {"value": 1}, "tags": {}, "time": "2026-01-01T00:00:00Z"}]}]])
+    else:
+        path.write_bytes(content)
+    udf = ["moving_avg", "-o", "field=value", "-o", "size=2"] if target == "stream" else ["tests.udfs.sample:batch_count"]
+    result = CliRunner().invoke(main, ["replay", *udf, "--input", str(path), "--in-process", *args])
+    assert result.exit_code == code, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "text, ns",
+    [
+        ("1970-01-01T00:00:01Z", SECOND),
+        ("2026-01-01T00:00:00.000000001Z", 1_767_225_600 * SECOND + 1),
+        ("2026-01-01T01:00:00.5+01:00", 1_767_225_600 * SECOND + SECOND // 2),
+        ("2025-12-31T23:00:00.25-01:00", 1_767_225_600 * SECOND + SECOND // 4),
+    ],
+)
+def test_recorded_times_are_read_to_the_nanosecond_in_any_offset(text, ns):
+    from udf_agent.tools.recordings import go_time_ns
+
+    assert go_time_ns(text) == ns

@@ -539,7 +539,7 @@ def status(socket_path: str | None, as_json: bool, timeout: float) -> None:
 
 @main.command(cls=_TargetCommand)
 @click.argument("target")
-@click.option("--input", "input_path", required=True, metavar="FILE|-", help="InfluxDB line protocol to replay, gzip or not; '-' reads stdin.")
+@click.option("--input", "input_path", required=True, metavar="FILE|-", help="InfluxDB line protocol to replay, gzip or not; '-' reads stdin. A Kapacitor recording by its name: FILE.srpl ('kapacitor record stream': each point keeps its database and retention policy) or FILE.brpl ('kapacitor record batch'/'query': each recorded batch replayed as one batch, its group as recorded).")
 @click.option("--option", "-o", "option_calls", multiple=True, metavar="NAME=VALUE[,VALUE...]", help="A TICKscript call .NAME(VALUE, ...), repeatable, typed as TICKscript types it: 10 INT, 1.5 DOUBLE, 'avg' or avg STRING, true BOOL, 10s DURATION.")
 @click.option("--output", "output_path", default="-", show_default=True, metavar="FILE|-", help="Where the UDF's output goes, as line protocol.")
 @click.option("--group-by", multiple=True, metavar="TAG", help="Group points by this tag, as groupBy() does; repeatable. Without it, all points are one group.")
@@ -566,6 +566,7 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdout
     from udf_agent.tools.lineproto import LineProtocolError, format_point, open_input, read_points
+    from udf_agent.tools.recordings import BATCH_EXTENSION, STREAM_EXTENSION, RecordingError, read_batch_recording, read_stream_recording
     from udf_agent.tools.replay import ReplayError, in_process_engines, replay_points
     from udf_agent.tools.tickscript import TickError, parse_call
 
@@ -578,14 +579,24 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
         calls = [parse_call(call) for call in option_calls]
     except TickError as exc:
         raise click.BadParameter(str(exc), param_hint="--option") from None
-    if spec.wants == "batch" and batch_every is None:
+    batch_recording = input_path.endswith(BATCH_EXTENSION)
+    if batch_recording and (batch_every is not None or group_by):
+        raise click.UsageError("a batch recording (.brpl) is replayed batch by batch as recorded, groups included: drop --batch-every and --group-by")
+    if spec.wants == "batch" and batch_every is None and not batch_recording:
         raise click.UsageError(f"{spec.name} wants batches: say how to cut them with --batch-every DURATION")
+    recorded_batches = None
     try:
-        with open_input(input_path, sys.stdin.buffer) as stream:
-            points = list(read_points(stream, "stdin" if input_path == "-" else input_path, precision))
+        if batch_recording:
+            recorded_batches = read_batch_recording(input_path)
+            points = [point for batch in recorded_batches for point in batch.points]
+        elif input_path.endswith(STREAM_EXTENSION):
+            points = list(read_stream_recording(input_path, precision))
+        else:
+            with open_input(input_path, sys.stdin.buffer) as stream:
+                points = list(read_points(stream, "stdin" if input_path == "-" else input_path, precision))
     except OSError as exc:
         raise click.BadParameter(f"cannot read {input_path!r}: {exc.strerror or exc}", param_hint="--input") from None
-    except LineProtocolError as exc:
+    except (LineProtocolError, RecordingError) as exc:
         raise click.ClickException(str(exc)) from None
     # Every micro-batch on Spark (none computed in the agent while it starts): what a task would run.
     engines = in_process_engines() if in_process else _engines(master, confs, remote=remote, local_while_starting=False)
@@ -594,7 +605,8 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     outputs = []
     try:
         with _output_file(output_path, out_fd) as out, _progress(len(points)) as progress:
-            for point in replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=batch_every, on_progress=progress):
+            replayed = replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=batch_every, recorded_batches=recorded_batches, on_progress=progress)
+            for point in replayed:
                 line = format_point(point.name, point.tags, point.fields, point.time)
                 if line:
                     out.write(line + "\n")

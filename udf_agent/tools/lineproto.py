@@ -34,7 +34,9 @@ class LinePoint:
     tags: dict[str, str]
     fields: dict[str, FieldValue]
     time: int
-    line: int = 0  # where it came from, for messages
+    # Where Kapacitor got it (a stream recording keeps both); plain line protocol has neither.
+    database: str = ""
+    retention_policy: str = ""
 
 
 def open_input(path: str, stdin: IO[bytes]) -> io.BufferedIOBase:
@@ -49,23 +51,26 @@ def open_input(path: str, stdin: IO[bytes]) -> io.BufferedIOBase:
 
 def read_points(stream: Iterable[bytes], source: str = "input", precision: str = "ns") -> Iterator[LinePoint]:
     """Parses every line of STREAM; blank lines and ``#`` comments are skipped."""
-    from line_protocol_parser import LineFormatError, parse_line
-
-    scale = PRECISIONS[precision]
     for number, raw in enumerate(stream, start=1):
         text = raw.decode("utf-8", errors="replace").strip()
-        if not text or text.startswith("#"):
-            continue
-        try:
-            parsed = parse_line(text)
-        except (LineFormatError, ValueError) as exc:
-            raise LineProtocolError(f"{source}:{number}: not line protocol ({exc}): {_excerpt(text)}") from None
-        if parsed["time"] is None:
-            raise LineProtocolError(f"{source}:{number}: the point has no timestamp; replay needs each point's time: {_excerpt(text)}")
-        for name, value in parsed["fields"].items():
-            if isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX:
-                raise LineProtocolError(f"{source}:{number}: field {name!r} = {value} does not fit Kapacitor's int64 fields")
-        yield LinePoint(parsed["measurement"], dict(parsed["tags"]), dict(parsed["fields"]), int(parsed["time"]) * scale, number)
+        if text and not text.startswith("#"):
+            yield parse_line_point(text, f"{source}:{number}", precision)
+
+
+def parse_line_point(text: str, where: str, precision: str = "ns") -> LinePoint:
+    """One line of line protocol (``where`` names it in errors)."""
+    from line_protocol_parser import LineFormatError, parse_line
+
+    try:
+        parsed = parse_line(text)
+    except (LineFormatError, ValueError) as exc:
+        raise LineProtocolError(f"{where}: not line protocol ({exc}): {_excerpt(text)}") from None
+    if parsed["time"] is None:
+        raise LineProtocolError(f"{where}: the point has no timestamp; replay needs each point's time: {_excerpt(text)}")
+    for name, value in parsed["fields"].items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > INT64_MAX:
+            raise LineProtocolError(f"{where}: field {name!r} = {value} does not fit Kapacitor's int64 fields")
+    return LinePoint(parsed["measurement"], dict(parsed["tags"]), dict(parsed["fields"]), int(parsed["time"]) * PRECISIONS[precision])
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

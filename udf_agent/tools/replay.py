@@ -21,6 +21,7 @@ from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.tools.harness import ResponseReader, ServedAgent
 from udf_agent.tools.lineproto import FieldValue, LinePoint, fields_of, set_fields
+from udf_agent.tools.recordings import RecordedBatch
 from udf_agent.tools.tickscript import check_call
 from udf_agent.wire.frames import encode_frame
 
@@ -76,8 +77,23 @@ def batch_requests(points: Iterable[LinePoint], group_by: Sequence[str], every_n
         yield udf_pb2.Request(end=udf_pb2.EndBatch(name=name, group=group, tmax=tmax, tags=tags))
 
 
+def recorded_batch_requests(batches: Iterable[RecordedBatch]) -> Iterator[udf_pb2.Request]:
+    """Each batch of a batch recording as one batch, as recorded (its group and tags)."""
+    for batch in batches:
+        dimensions = sorted(batch.tags)
+        yield udf_pb2.Request(begin=udf_pb2.BeginBatch(name=batch.name, group=batch.group, tags=batch.tags, size=len(batch.points), byName=batch.by_name))
+        for line in batch.points:
+            point = _point(line, dimensions)
+            point.group, point.byName = batch.group, batch.by_name
+            yield udf_pb2.Request(point=point)
+        yield udf_pb2.Request(end=udf_pb2.EndBatch(name=batch.name, group=batch.group, tmax=batch.tmax, tags=batch.tags, byName=batch.by_name))
+
+
 def _point(line: LinePoint, dimensions: list[str]) -> udf_pb2.Point:
-    point = udf_pb2.Point(time=line.time, name=line.name, group=group_id(line.tags, dimensions), dimensions=dimensions, tags=line.tags)
+    point = udf_pb2.Point(
+        time=line.time, name=line.name, database=line.database, retentionPolicy=line.retention_policy,
+        group=group_id(line.tags, dimensions), dimensions=dimensions, tags=line.tags,
+    )
     set_fields(point, line.fields)
     return point
 
@@ -190,17 +206,21 @@ def replay_points(
     *,
     group_by: Sequence[str] = (),
     batch_every_ns: int | None = None,
+    recorded_batches: Sequence[RecordedBatch] | None = None,
     config: AgentConfig | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> Iterator[OutputPoint]:
-    """Runs SPEC over POINTS as Kapacitor would and yields its output points in order.
+    """Runs SPEC over POINTS as Kapacitor would and yields its output points in order;
+    with ``recorded_batches`` (a batch recording) over those batches as recorded instead.
 
     ``options`` are checked against the UDF's InfoResponse as Kapacitor checks a
     TICKscript's call (ReplayError with Kapacitor's message), then sent in an InitRequest.
     """
     from udf_agent.runtime.agent import AgentConfig
 
-    if spec.wants == "batch" and batch_every_ns is None:
+    if recorded_batches is not None and spec.wants != "batch":
+        raise ReplayError(f"{spec.name} wants a stream: a batch recording (.brpl) is for batch UDFs; record the stream instead")
+    if spec.wants == "batch" and batch_every_ns is None and recorded_batches is None:
         raise ReplayError(f"{spec.name} wants batches: say how to cut them with --batch-every DURATION (a window's period)")
     if config is None:
         config = AgentConfig(drain_timeout=REPLAY_DRAIN_TIMEOUT)
@@ -212,7 +232,9 @@ def replay_points(
         init = kapacitor.ask(udf_pb2.Request(init=udf_pb2.InitRequest(options=options, taskID="replay", nodeID="udf1")), "init").init
         if not init.success:
             raise ReplayError(f"{spec.name} refused its options: {init.error}")
-        if spec.wants == "stream":
+        if recorded_batches is not None:
+            requests = recorded_batch_requests(recorded_batches)
+        elif spec.wants == "stream":
             requests = stream_requests(points, group_by)
         else:
             assert batch_every_ns is not None
