@@ -27,7 +27,7 @@ def test_list_shows_every_builtin(runner):
     result = runner.invoke(main, ["list"])
     assert result.exit_code == 0
     lines = result.output.strip().splitlines()
-    assert [line.split()[0] for line in lines] == ["mirror", "moving_avg", "outliers", "ewma", "zscore", "mad", "resample", "forecast", "ttest"]
+    assert [line.split()[0] for line in lines] == ["mirror", "moving_avg", "outliers", "ewma", "zscore", "mad", "resample", "forecast", "ttest", "stream_fn", "batch_fn"]
     assert "stream->stream" in lines[0] and "batch->batch" in lines[2]
 
 

@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Server:
     """One ``udf-agent serve`` subprocess; its stdout and stderr go to files."""
 
-    def __init__(self, path: str, target: str, *extra: str, log_dir: str, preexec_fn=None):
+    def __init__(self, path: str, target: str, *extra: str, log_dir: str, preexec_fn=None, env=None):
         self.path = path
         index = len(os.listdir(log_dir))
         self._out_path = os.path.join(log_dir, f"server{index}.out")
@@ -58,6 +58,7 @@ class Server:
             start_new_session=True,  # its own process group: teardown also reaches a Spark JVM
             preexec_fn=preexec_fn,
             cwd=ROOT,  # test UDFs are imported as tests.udfs.*
+            env=None if env is None else {**os.environ, **env},
         )
 
     @property
@@ -138,8 +139,8 @@ def servers(tmp_path):
     started: list[Server] = []
 
     class Factory:
-        def start(self, path: str, target: str = "mirror", *extra: str, ready: bool = True, timeout: float = 30, preexec_fn=None) -> Server:
-            server = Server(path, target, *extra, log_dir=str(log_dir), preexec_fn=preexec_fn)
+        def start(self, path: str, target: str = "mirror", *extra: str, ready: bool = True, timeout: float = 30, preexec_fn=None, env=None) -> Server:
+            server = Server(path, target, *extra, log_dir=str(log_dir), preexec_fn=preexec_fn, env=env)
             started.append(server)
             return server.wait_ready(timeout) if ready else server
 
@@ -1017,3 +1018,72 @@ def test_metrics_address_that_cannot_be_served_stops_the_server_with_one_line(se
     assert not os.path.exists(os.path.join(sock_dir, "m.sock"))
     wrong = serve_once(os.path.join(sock_dir, "m.sock"), "mirror", "--metrics-address", "9100")
     assert wrong.returncode == 2 and "'9100' is not HOST:PORT" in wrong.stderr.decode()
+
+
+# ---------------------------------------------------------------- stream_fn / batch_fn
+
+
+FRESH_FUNCTIONS = """
+import pandas as pd
+
+from udf_agent import Option, batch_udf, stream_udf
+
+
+@stream_udf(options=[Option("factor", float), Option("offset", int, default=0)], compute=False)
+def scaled(df, ctx):
+    return pd.DataFrame({"value": df["value"] * ctx.options["factor"] + ctx.options["offset"] + BUMP}, index=df.index)
+
+
+@batch_udf(compute=False)
+def per_batch(df, ctx):
+    return df
+"""
+
+
+def test_stream_fn_runs_a_function_written_after_the_server_started_and_edited_since(servers, drivers, sock_dir, tmp_path):
+    path = os.path.join(sock_dir, "fn.sock")
+    servers.start(path, "stream_fn", env={"PYTHONPATH": str(tmp_path)})
+    module = tmp_path / "fresh_fns.py"
+    module.write_text("BUMP = 0\n" + FRESH_FUNCTIONS)  # after the server is up
+
+    def task(*opts):
+        driver = drivers(path)
+        return driver, driver.init(option("fn", "fresh_fns:scaled"), *(option("opt", *pair) for pair in opts))
+
+    def scaled(driver, t, value):
+        driver.send(udf_pb2.Request(point=grouped_point(t, "a", value)))
+        return driver.responses.wait_for("point", t, timeout=30)[-1].fieldsDouble["value"]
+
+    first, init = task(("factor", "3"), ("offset", "1"))
+    assert init.success, init.error
+    assert scaled(first, 1, 2.0) == 7.0
+    # The module edited on disk: a new task runs the new code, the running one keeps its own.
+    module.write_text("BUMP = 100\n" + FRESH_FUNCTIONS)
+    os.utime(module, (time.time() + 5, time.time() + 5))
+    second, init = task(("factor", "3"))
+    assert init.success, init.error
+    assert scaled(second, 1, 2.0) == 106.0
+    assert scaled(first, 2, 2.0) == 7.0
+
+    # The function's own declarations type and check its options; Kapacitor gets why in the InitResponse.
+    for opts, fn, message in (
+        ([("factor", "x")], "fresh_fns:scaled", "opt 'factor': 'x' is not DOUBLE"),
+        ([("factor", "2"), ("bogus", "1")], "fresh_fns:scaled", "unknown option 'bogus'"),
+        ([], "fresh_fns:scaled", "missing required option 'factor'"),
+        ([], "fresh_fns:nothing", "module 'fresh_fns' has no attribute 'nothing'"),
+        ([], "fresh_fns:per_batch", "fn 'fresh_fns:per_batch' is a batch -> batch UDF; stream_fn runs stream -> stream UDFs"),
+    ):
+        driver = drivers(path)
+        refused = driver.init(option("fn", fn), *(option("opt", *pair) for pair in opts))
+        assert not refused.success and message in refused.error, refused.error
+
+
+def test_info_kapacitor_conf_shows_how_to_call_stream_fn():
+    from click.testing import CliRunner
+
+    from udf_agent.cli import main
+
+    shown = CliRunner().invoke(main, ["info", "stream_fn", "--kapacitor-conf", "pyStream"])
+    assert shown.exit_code == 0, shown.output
+    assert 'args = ["run", "stream_fn"]' in shown.output
+    assert "@pyStream().fn('mypkg.mymod:rolling_sum').opt('window', '10s')" in shown.output

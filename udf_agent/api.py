@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the Info path imports this module: pandas and numpy load wi
     import numpy as np
     import pandas as pd
 
+    from udf_agent import udf_pb2
+
 EDGES = ("stream", "batch")
 
 # Rows, a duration (a pandas.Timedelta is a timedelta), or what the options make of either.
@@ -49,6 +51,9 @@ class UDFSpec:
     vectorized: bool = False
     # Checks the options together, at Init: None when fine, else the problem (a string).
     check_options: Callable[[OptionValues], str | None] | None = None
+    # A target that names its function in its options (``stream_fn``, ``batch_fn``): at Init,
+    # Kapacitor's options in, the UDF the task runs and the options to check it with out.
+    resolve: Callable[[Sequence[udf_pb2.Option]], tuple[UDFSpec, list[udf_pb2.Option]]] | None = None
 
     def __post_init__(self) -> None:
         for edge in (self.wants, self.provides):

@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
@@ -440,8 +439,6 @@ class _SharedSessions:
     def __init__(self, engines: Engines, log_path: str):
         self._engines = engines
         self._log_path = log_path
-        self._specs: dict[str, tuple[UDFSpec, float | None]] = {}
-        self._lock = threading.Lock()
 
     def __call__(self, connection: SocketConnection) -> Agent:
         import json
@@ -469,26 +466,12 @@ class _SharedSessions:
     def _spec(self, target: str) -> UDFSpec:
         """The target's UDF; a module of the user's changed on disk since is imported afresh,
         so a task redefined after an edit runs the new code (tasks already running keep theirs)."""
-        with self._lock:
-            cached = self._specs.get(target)
-            if cached is not None and cached[1] == _module_mtime(cached[0]):
-                return cached[0]
-            if cached is not None:
-                import importlib
+        from udf_agent.targets import TargetError, resolve_fresh
 
-                importlib.reload(sys.modules[cached[0].function.__module__])
-            spec = _load(target)
-            self._specs[target] = (spec, _module_mtime(spec))
-            return spec
-
-
-def _module_mtime(spec: UDFSpec) -> float | None:
-    module = sys.modules.get(getattr(spec.function, "__module__", "") or "")
-    path = getattr(module, "__file__", None)
-    try:
-        return os.stat(path).st_mtime if path else None
-    except OSError:
-        return None
+        try:
+            return resolve_fresh(target)
+        except TargetError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 @main.command()

@@ -5,9 +5,17 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from udf_agent.api import UDFSpec, as_spec
+from udf_agent.literals import literal
+from udf_agent.options import Option, OptionsError, parse_options
+
+if TYPE_CHECKING:
+    from udf_agent import udf_pb2
 
 
 class TargetError(Exception):
@@ -17,7 +25,7 @@ class TargetError(Exception):
 def builtin_specs() -> dict[str, UDFSpec]:
     from udf_agent.library.builtins import BUILTINS
 
-    return BUILTINS
+    return {**BUILTINS, **FUNCTION_TARGETS}
 
 
 def resolve_target(target: str) -> UDFSpec:
@@ -52,6 +60,118 @@ def resolve_target(target: str) -> UDFSpec:
         return as_spec(obj, target)
     except TypeError as exc:
         raise TargetError(str(exc)) from None
+
+
+_fresh: dict[str, tuple[UDFSpec, float | None]] = {}
+_fresh_lock = threading.Lock()
+
+
+def resolve_fresh(target: str) -> UDFSpec:
+    """``resolve_target``, but a user module changed on disk since it was imported is
+    imported afresh: a long-lived server (the shared one, or ``stream_fn``'s functions) runs a
+    task redefined after an edit with the new code, while tasks already running keep theirs."""
+    with _fresh_lock:
+        cached = _fresh.get(target)
+        if cached is not None and cached[1] == _module_mtime(cached[0]):
+            return cached[0]
+        if cached is not None:
+            # A new module object, not a reload: the functions of running tasks keep the
+            # module (its globals) they were imported with.
+            sys.modules.pop(cached[0].function.__module__, None)
+        spec = resolve_target(target)
+        _fresh[target] = (spec, _module_mtime(spec))
+        return spec
+
+
+def _module_mtime(spec: UDFSpec) -> float | None:
+    module = sys.modules.get(getattr(spec.function, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    try:
+        return os.stat(path).st_mtime if path else None
+    except OSError:
+        return None
+
+
+# ---- stream_fn and batch_fn: the function named in TICKscript, imported at each task's Init ----
+
+_FN_OPTIONS = (
+    Option("fn", str, help="the function to run, package.module:attribute (imported at each task's Init)", example="mypkg.mymod:rolling_sum"),
+    Option("opt", (str, str), multiple=True, help="one of the function's own options: its name, then its value as text (typed by its declaration)", example=("window", "10s")),
+)
+
+
+def _function_target(edge: str) -> UDFSpec:
+    name = f"{edge}_fn"
+
+    def never_called(df: Any, ctx: Any) -> None:
+        raise AssertionError(f"{name} runs the function its 'fn' option names")
+
+    def resolve(given: Sequence[udf_pb2.Option]) -> tuple[UDFSpec, list[udf_pb2.Option]]:
+        own = parse_options(_FN_OPTIONS, [option for option in given if option.name in ("fn", "opt")])
+        unexpected = sorted({option.name for option in given} - {"fn", "opt"})
+        if unexpected:
+            raise OptionsError([f"{name} takes .fn() and .opt(NAME, VALUE) only; give {', '.join(repr(n) for n in unexpected)} as .opt({unexpected[0]!r}, ...)"])
+        target = own["fn"]
+        try:
+            spec = resolve_fresh(target)
+        except TargetError as exc:
+            raise OptionsError([f"fn {target!r}: {exc}"]) from None
+        if spec.resolve is not None or (spec.wants, spec.provides) != (edge, edge):
+            kind = "a function target" if spec.resolve is not None else f"a {spec.wants} -> {spec.provides} UDF"
+            raise OptionsError([f"fn {target!r} is {kind}; {name} runs {edge} -> {edge} UDFs"])
+        problems: list[str] = []
+        options = [_typed_option(spec, option_name, text, problems) for option_name, text in own["opt"]]
+        if problems:
+            raise OptionsError(problems)
+        return spec, options
+
+    return UDFSpec(
+        name=name,
+        function=never_called,
+        wants=edge,
+        provides=edge,
+        options=_FN_OPTIONS,
+        description=f"Runs the {edge} -> {edge} UDF named by .fn('package.module:attribute'), imported at each task's Init (a new or edited function needs only a task redefinition), with its options as .opt('name', 'value').",
+        resolve=resolve,
+    )
+
+
+def _typed_option(spec: UDFSpec, name: str, text: str, problems: list[str]) -> udf_pb2.Option:
+    """``.opt(NAME, TEXT)`` as the option NAME of ``spec`` would come from TICKscript: TEXT typed
+    by its declaration (several values, comma-separated, for an option that takes several)."""
+    from udf_agent import udf_pb2
+
+    declared = next((option for option in spec.options if option.name == name), None)
+    if declared is None:  # parse_options names it as unknown, with what is known
+        return udf_pb2.Option(name=name, values=[udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=text)])
+    parts = [text] if len(declared.value_types) == 1 else [part.strip() for part in text.split(",")]
+    if len(parts) != len(declared.value_types):
+        problems.append(f"opt {name!r}: {len(declared.value_types)} comma-separated values expected, got {text!r}")
+        return udf_pb2.Option(name=name)
+    values = []
+    for part, wire_type in zip(parts, declared.value_types):
+        value = _typed_value(part, wire_type)
+        if value is None:
+            problems.append(f"opt {name!r}: {part!r} is not {udf_pb2.ValueType.Name(wire_type)}")
+        else:
+            values.append(value)
+    return udf_pb2.Option(name=name, values=values)
+
+
+def _typed_value(text: str, wire_type: int) -> udf_pb2.OptionValue | None:
+    from udf_agent import udf_pb2
+
+    if wire_type == udf_pb2.STRING:
+        return udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=text)
+    parsed = literal(text)
+    if parsed.type == wire_type:
+        return parsed
+    if wire_type == udf_pb2.DOUBLE and parsed.type == udf_pb2.INT:
+        return udf_pb2.OptionValue(type=udf_pb2.DOUBLE, doubleValue=float(parsed.intValue))
+    return None
+
+
+FUNCTION_TARGETS = {spec.name: spec for spec in (_function_target("stream"), _function_target("batch"))}
 
 
 def _user_traceback(exc: BaseException) -> str:

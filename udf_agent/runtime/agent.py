@@ -421,6 +421,9 @@ class Agent:
     def _start(self, event: Started) -> None:
         self._options = event.options
         self.labels.task_id, self.labels.node_id = event.task_id, event.node_id
+        # What the task runs: the UDF a stream_fn or batch_fn target named, from its Init on.
+        self.spec = self.session.spec
+        self.labels.udf = self.spec.name
         log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
         self.engines.warm_up(self._loaded()[0])
         threading.Thread(target=in_task(self.labels, self._reply_when_loaded), args=(event.reply,), name="hot-path-load", daemon=True).start()

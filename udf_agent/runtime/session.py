@@ -348,16 +348,21 @@ class Session:
     def _init(self, init: udf_pb2.InitRequest) -> list[Event]:
         if self.options is not None:
             return self.fail("received a second InitRequest after a successful one")
+        spec = self.spec
         try:
-            options = parse_options(self.spec.options, init.options)
-            problem = self.spec.check_options(options) if self.spec.check_options is not None else None
+            given = list(init.options)
+            if spec.resolve is not None:  # stream_fn, batch_fn: the task runs the UDF they name
+                spec, given = spec.resolve(given)
+            options = parse_options(spec.options, given)
+            problem = spec.check_options(options) if spec.check_options is not None else None
             if problem:
                 raise OptionsError([problem])
-            self.spec.history_window(options)
+            spec.history_window(options)
         except OptionsError as exc:
-            return self._init_failed(f"invalid options for UDF {self.spec.name!r}: {exc}")
+            return self._init_failed(f"invalid options for UDF {spec.name!r}: {exc}")
         except Exception as exc:
-            return self._init_failed(f"UDF {self.spec.name!r} cannot start with these options: {exc}")
+            return self._init_failed(f"UDF {spec.name!r} cannot start with these options: {exc}")
+        self._spec = spec
         self.options = options
         self.guard.expect("init")
         reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))

@@ -46,7 +46,7 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
     """The kapacitor.conf block that runs TARGET as the UDF NAME (process and socket forms),
     and a TICKscript that calls it."""
     from udf_agent.targets import builtin_specs
-    from udf_agent.tools.tickscript import render_example
+    from udf_agent.tools.tickscript import render_arguments, render_example
 
     prog, args = agent_command()
     args = [*args, "run", target]
@@ -71,7 +71,10 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
         f'#   socket = "{socket_path}"',
         '#   timeout = "10s"',
     ]
-    call = "".join(f".{o.name}({render_example(o)})" for o in spec.options if not o.multiple)
+    # A repeatable option shows one call when it has an example (stream_fn's .opt()).
+    call = "".join(
+        f".{o.name}({render_arguments(o.example, o) if o.multiple else render_example(o)})" for o in spec.options if not o.multiple or o.example is not None
+    )
     source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
