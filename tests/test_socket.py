@@ -1087,3 +1087,22 @@ def test_info_kapacitor_conf_shows_how_to_call_stream_fn():
     assert shown.exit_code == 0, shown.output
     assert 'args = ["run", "stream_fn"]' in shown.output
     assert "@pyStream().fn('mypkg.mymod:rolling_sum').opt('window', '10s')" in shown.output
+
+
+def test_batch_fn_runs_a_batch_function_batch_by_batch(servers, drivers, sock_dir, tmp_path):
+    path = os.path.join(sock_dir, "bfn.sock")
+    servers.start(path, "batch_fn", env={"PYTHONPATH": str(tmp_path)})
+    (tmp_path / "batch_fns.py").write_text("BUMP = 0\n" + FRESH_FUNCTIONS)
+    task = drivers(path)
+    assert task.init(option("fn", "batch_fns:per_batch")).success
+    for tmax, values in ((10, (1.0, 2.0)), (20, (3.0,))):
+        task.begin(name="cpu", group="host=a", tags={"host": "a"}, size=len(values))
+        for i, value in enumerate(values):
+            task.point(time=tmax - 5 + i, name="cpu", group="host=a", tags={"host": "a"}, fieldsDouble={"value": value})
+        task.end(name="cpu", group="host=a", tags={"host": "a"}, tmax=tmax)
+    ends = task.responses.wait_for("end", 2, timeout=30)
+    assert [end.tmax for end in ends] == [10, 20]
+    assert [p.fieldsDouble["value"] for p in task.responses.of("point")] == [1.0, 2.0, 3.0]
+    refused = drivers(path)
+    init = refused.init(option("fn", "batch_fns:scaled"), option("opt", "factor", "2"))
+    assert not init.success and "batch_fn runs batch -> batch UDFs" in init.error
