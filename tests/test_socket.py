@@ -999,6 +999,7 @@ def test_metrics_count_what_goes_through_each_task_while_it_runs(servers, driver
     assert (sample("udf_agent_points_received_total"), sample("udf_agent_points_sent_total")) == (30, 30)
     assert sample("udf_agent_keepalive_answer_seconds_count") == 1 and sample("udf_agent_keepalive_answer_seconds_bucket", (("le", "1.0"),)) == 1
     assert sample("udf_agent_output_queued_bytes") >= 0 and sample("udf_agent_points_dropped_at_stop_total") == 0
+    assert sample("udf_agent_points_skipped_total") == 0 and sample("udf_agent_points_dead_lettered_total") == 0
     everything = scrape(url)
     assert everything[("udf_agent_spark_workers_connected", ())] == 0 and ("process_cpu_seconds_total", ()) in everything
     task.close(timeout=30)

@@ -151,7 +151,7 @@ def _metrics_option(help_text: str) -> Callable[[CommandFunction], CommandFuncti
     return click.option("--metrics-address", callback=_metrics_address, metavar="HOST:PORT", help=help_text)
 
 
-_SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task (labels task, node, udf) points received and sent, micro-batches, compute and keepalive-answer time histograms, points skipped and dropped at a stop, groups, output queued; Spark workers connected and their launches; the process's CPU and memory."
+_SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task (labels task, node, udf) points received and sent, micro-batches, compute and keepalive-answer time histograms, points skipped, dead-lettered and dropped at a stop, groups, output queued; Spark workers connected and their launches; the process's CPU and memory."
 
 
 def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> None:
