@@ -121,6 +121,8 @@ class ResidentWorkers:
         # One micro-batch at a time: a relaunch must not pull workers from under another.
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        # Wakes the idle-release thread: a launch (its workers' idle spell begins) or a stop.
+        self._wake_idle_check = threading.Event()
 
     @property
     def launches(self) -> int:
@@ -165,6 +167,7 @@ class ResidentWorkers:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._wake_idle_check.set()
         with self._lock:
             self._retire(clean_end=5.0, after_cancel=5.0)
 
@@ -265,6 +268,7 @@ class ResidentWorkers:
         self._generation += 1
         self._released = False
         self._launched_at = time.monotonic()
+        self._wake_idle_check.set()
         token = secrets.token_hex(16)
         self._job_group = f"udf-agent-resident-{os.getpid()}-{id(self)}-{self._launches}"
         self._job_error = None
@@ -348,19 +352,39 @@ class ResidentWorkers:
 
     def _release_when_idle(self) -> None:
         """Ends the workers after ``idle_release`` seconds without a micro-batch: their cores
-        go back to Spark (and, on a cluster, its executors to the cluster)."""
+        go back to Spark (and, on a cluster, its executors to the cluster). It wakes when a
+        release may be due, not every second: an idle task costs next to no CPU."""
+        pause: float | None = None
+        while True:
+            self._wake_idle_check.wait(pause)
+            self._wake_idle_check.clear()
+            if self._stopped.is_set():
+                return
+            pause = self._release_if_idle()
+
+    def _release_if_idle(self) -> float | None:
+        """Releases the workers if their idle spell is over; how long until the next look
+        (None: until the next launch)."""
         assert self._idle_release is not None
-        while not self._stopped.wait(min(1.0, self._idle_release / 4)):
+        if not self.connected():
+            # Released, or still connecting after a launch: the launch woke us, and a
+            # micro-batch on its workers moves the end of their idle spell on.
+            return None if self._released else self._idle_release
+        idle = time.monotonic() - self._last_used
+        if idle < self._idle_release:
+            return self._idle_release - idle
+        if not self._lock.acquire(blocking=False):
+            return min(1.0, self._idle_release / 4)  # a micro-batch (or a relaunch) is under way
+        try:
             idle = time.monotonic() - self._last_used
-            if idle < self._idle_release or not self.connected() or not self._lock.acquire(blocking=False):
-                continue
-            try:
-                if self.connected() and not self._stopped.is_set() and time.monotonic() - self._last_used >= self._idle_release:
-                    log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
-                    self._retire(clean_end=1.0, after_cancel=5.0)
-                    self._released = True
-            finally:
-                self._lock.release()
+            if self.connected() and not self._stopped.is_set() and idle >= self._idle_release:
+                log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
+                self._retire(clean_end=1.0, after_cancel=5.0)
+                self._released = True
+                return None
+            return max(0.01, self._idle_release - idle)
+        finally:
+            self._lock.release()
 
     def _retire(self, clean_end: float, after_cancel: float) -> None:
         """Closes every connection, after which a worker's task ends; a job still running

@@ -106,6 +106,17 @@ def test_only_an_embedded_spark_with_resident_workers_runs_without_the_context_c
     assert keep["spark.cleaner.referenceTracking"] == "true"  # the user's --conf wins
 
 
+def test_an_embedded_spark_heartbeats_once_a_minute_and_a_cluster_as_spark_does(spark_engine):
+    """Heartbeats to a driver in the same JVM wake two threads of an idle task; a cluster's
+    driver needs them to know its executors are alive."""
+    from spark_backend.settings import SparkSettings, agent_conf
+
+    assert agent_conf(SparkSettings(master="local[2]"))["spark.executor.heartbeatInterval"] == "60s"
+    assert "spark.executor.heartbeatInterval" not in agent_conf(SparkSettings(master="spark://10.0.0.1:7077"))
+    # Spark accepted it (it must stay below spark.network.timeout).
+    assert spark_engine.session.dataframes.conf.get("spark.executor.heartbeatInterval") == "60s"
+
+
 def test_an_unreachable_standalone_master_is_named_with_the_cause_at_once():
     from spark_backend.sessions import SparkStartError, check_reachable
 

@@ -173,6 +173,12 @@ def test_idle_workers_end_give_their_core_back_and_the_next_micro_batch_relaunch
         launches = resident.launches
         assert [decode(o) for o in resident.run(job, tasks).to_pandas()["output"]] == expected
         assert resident.launches == launches + 1  # relaunched for it, and computed the same
+        # The relaunched workers are released in turn, once idle for as long.
+        last_used = time.monotonic()
+        while not resident.released:
+            assert time.monotonic() < last_used + 30, "relaunched idle workers were not released"
+            time.sleep(0.1)
+        assert time.monotonic() - last_used < 2.0 + 1.5
     finally:
         resident.stop()
 

@@ -882,22 +882,37 @@ def test_a_task_outlives_150_others_coming_and_going_and_keeps_its_history(serve
     long_lived.close(timeout=30)
 
 
-def test_shutdown_wakes_a_server_waiting_to_accept_at_once(sock_dir):
-    """An idle server waits in accept for IDLE_CHECK_INTERVAL at a time (no polling CPU);
-    a stop must not wait that out."""
-    from udf_agent.runtime.socket_server import IDLE_CHECK_INTERVAL, UnixSocketServer
+def test_an_idle_server_waits_in_accept_until_its_idle_exit_could_be_due_and_shutdown_wakes_it(sock_dir):
+    """An idle server with --idle-exit does not wake every second to look (CPU an idle task
+    would pay); a stop must not wait for the idle exit."""
+    from udf_agent.runtime.socket_server import UnixSocketServer
 
-    server = UnixSocketServer(os.path.join(sock_dir, "wake.sock"), make_agent=lambda connection: None)  # type: ignore[arg-type, return-value]
+    server = UnixSocketServer(os.path.join(sock_dir, "wake.sock"), make_agent=lambda connection: None, idle_exit=600)  # type: ignore[arg-type, return-value]
+    looks = []
+    until_idle_exit = server._until_idle_exit
+    server._until_idle_exit = lambda: looks.append(until_idle_exit()) or looks[-1]  # type: ignore[method-assign]
     server.bind()
     serving = threading.Thread(target=server.serve_forever)
     serving.start()
-    time.sleep(0.2)  # in accept by now
+    time.sleep(2.5)
+    assert len(looks) == 1 and 599 < looks[0] <= 600, looks
     asked = time.monotonic()
     server.shutdown()
     serving.join(5)
     assert not serving.is_alive()
-    assert time.monotonic() - asked < IDLE_CHECK_INTERVAL / 2
+    assert time.monotonic() - asked < 0.5
     assert not os.path.exists(os.path.join(sock_dir, "wake.sock"))
+
+
+def test_a_server_exits_once_idle_for_its_idle_exit_counted_from_its_last_task(sock_dir):
+    from udf_agent.runtime.socket_server import UnixSocketServer
+
+    server = UnixSocketServer(os.path.join(sock_dir, "idle.sock"), make_agent=lambda connection: None, idle_exit=1.0)  # type: ignore[arg-type, return-value]
+    server.bind()
+    started = time.monotonic()
+    server.serve_forever()
+    assert 1.0 <= time.monotonic() - started < 1.5
+    assert not os.path.exists(os.path.join(sock_dir, "idle.sock"))
 
 
 # ---------------------------------------------------------------- udf-agent status

@@ -22,9 +22,6 @@ log = logging.getLogger(__name__)
 
 _TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
 
-# How often a server with --idle-exit looks whether it has been idle long enough.
-IDLE_CHECK_INTERVAL = 1.0
-
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -92,8 +89,6 @@ class UnixSocketServer:
             os.umask(old_umask)
         os.chmod(self.path, self.mode)
         listener.listen(64)
-        # The timeout only paces the idle-exit check: shutdown() wakes the accept itself.
-        listener.settimeout(IDLE_CHECK_INTERVAL)
         self._listener = listener
         log.info("listening on %s (mode %o)", self.path, self.mode)
 
@@ -101,6 +96,8 @@ class UnixSocketServer:
         assert self._listener is not None, "bind() first"
         try:
             while not self._stopping.is_set():
+                # The timeout only paces the idle-exit check: shutdown() wakes the accept itself.
+                self._listener.settimeout(self._until_idle_exit())
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
@@ -141,6 +138,16 @@ class UnixSocketServer:
             if self._sessions:
                 return False
             return time.monotonic() - self._idle_since >= self.idle_exit
+
+    def _until_idle_exit(self) -> float | None:
+        """The soonest the server could have been idle for ``idle_exit``: an idle server wakes
+        then, not every second. With a task open now, that is ``idle_exit`` from now."""
+        if self.idle_exit is None:
+            return None
+        with self._lock:
+            if self._sessions:
+                return self.idle_exit
+            return max(0.01, self._idle_since + self.idle_exit - time.monotonic())
 
     def shutdown(self, reason: str | None = None) -> None:
         """Stops accepting; open sessions finish what they accepted within the drain
