@@ -108,6 +108,7 @@ class RunResult:
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)
     stderr_tail: list[str] = field(default_factory=list)
     repeats_steady_pps: list[float | None] | None = None  # every run's, when the run was repeated
+    repeats_latency_ms: list[tuple[float, float] | None] | None = None  # every paced run's (p50, p99), when repeated
     keepalive_runs: int = 1  # runs whose keepalives ``keepalive`` pools
 
     @property

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.driver import run_paced
 from benchmarks.framing import encode_varint, point_time, split_frames
-from benchmarks.run import PASSTHROUGH, Settings, baseline, format_table, ours, run_benchmarks
+from benchmarks.run import PASSTHROUGH, Settings, _median_latency_run, baseline, format_table, ours, run_benchmarks
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame
 from udf_agent import udf_pb2
 
@@ -80,6 +80,20 @@ def test_paced_run_matches_every_output_to_its_input(command):
     assert result.points_out == workload.points
     assert result.latency is not None and result.latency.count == 400 and result.latency.unanswered == 0
     assert 0 < result.latency.p50_ms <= result.latency.p99_ms <= result.latency.max_ms
+
+
+def test_repeated_paced_runs_report_the_median_p50_run_and_every_runs_figures():
+    from benchmarks.driver import LatencyStats, RunResult
+
+    def run(p50: float, p99: float, status: str = "ok") -> RunResult:
+        return RunResult(agent="ours", workload="latency", status=status, latency=LatencyStats(count=10, p50_ms=p50, p99_ms=p99, max_ms=p99))
+
+    runs = [run(4.0, 9.0), run(2.0, 5.0), run(3.0, 30.0), run(1.0, 2.0, status="timeout")]
+    median = _median_latency_run(runs)
+    # 2, 3, 4 ms and a failure ranked last: the lower middle one is 3 ms.
+    assert (median.latency.p50_ms, median.latency.p99_ms) == (3.0, 30.0)
+    assert median.repeats_latency_ms == [(4.0, 9.0), (2.0, 5.0), (3.0, 30.0), None]
+    assert _median_latency_run([runs[0]]) is runs[0]
 
 
 def _baseline_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
