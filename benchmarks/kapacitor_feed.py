@@ -16,7 +16,8 @@ Figures, for each agent (median of ``--repeat`` runs):
 - CPU a point: user + system CPU of the agent's whole process tree over that span (sampled
   per process every 0.1 s, so a process that ends meanwhile still counts), over the points.
   For the default deployment the tree is the task's relay and the shared server with its JVM
-  and Python workers; with ``--own-spark``, the task's agent, its JVM and workers.
+  and Python workers (mirror, which never starts Spark: the task's own process); with
+  ``--own-spark``, the task's agent, its JVM and workers.
 
 ``udf-agent`` runs warm: its shared server is started and has computed (a first task, closed
 before the measured one starts), as on a host with tasks already running; ``--own-spark``
@@ -158,7 +159,8 @@ def main() -> int:
         cases.append(("official moving_avg", official, moving_avg, None, None))
         for udf, init in (("moving_avg", moving_avg), ("mirror", mirror)):
             command = AgentCommand(f"udf-agent {udf}", [sys.executable, "-m", "udf_agent", "run", udf], cwd=REPO, env=shared)
-            cases.append((command.label, command, init, udf, None))
+            # mirror never starts Spark, so it runs in the task's own process: no server to warm.
+            cases.append((command.label, command, init, udf if udf != "mirror" else None, None))
         own = AgentCommand("udf-agent moving_avg --own-spark", [sys.executable, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO)
         cases.append((own.label, own, moving_avg, None, "compute engine ready"))
         for label, command, init, warm_udf, warm_log in cases:

@@ -13,9 +13,10 @@ that every agent meets the machine's moods alike:
 - Kapacitor's official Python agent, its own moving_avg example (``python -u``, as
   kapacitor.conf runs it), from ``--kapacitor-src`` (a directory holding Kapacitor's
   ``udf/agent``, e.g. ``git --git-dir=KAPACITOR.git archive v1.8.3 udf/agent | tar -x -C DIR``);
-- ``udf-agent run moving_avg`` and ``udf-agent run mirror``, the default deployment: the task's
-  relay and the shared per-host server it starts (fresh for each run, in a private directory),
-  with the server's JVM and Python workers;
+- ``udf-agent run moving_avg`` and ``udf-agent run mirror``, the default deployment: for
+  moving_avg the task's relay and the shared per-host server it starts (fresh for each run, in
+  a private directory), with the server's JVM and Python workers; mirror, which never starts
+  Spark, runs in the task's own process;
 - ``udf-agent run moving_avg --own-spark``: the task's agent with its own JVM and workers.
 
 Figures, median of the runs: points/s as Kapacitor's client measured it (the scenario's point

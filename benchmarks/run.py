@@ -374,9 +374,13 @@ class Bench:
             for udf, handler, options, p50_goal, p99_goal in pairs:
                 init = init_frame(options)
                 baseline_result = self._paced(baseline(handler), init, workload, None, record, f"baseline {udf}")
-                where = PASSTHROUGH if udf == "mirror" else COMPUTED_ON_SPARK
-                for deployment, command in ((f"own Spark, {where}", ours(udf, s)), (f"default: relay + shared server, {where}", shared(udf, shared_dir))):
-                    if command.env is not None and udf != "mirror":
+                if udf == "mirror":
+                    # It never starts Spark: by default too it runs in the task's own process.
+                    deployments = ((f"its own process (default), {PASSTHROUGH}", ours(udf, s)),)
+                else:
+                    deployments = ((f"own Spark, {COMPUTED_ON_SPARK}", ours(udf, s)), (f"default: relay + shared server, {COMPUTED_ON_SPARK}", shared(udf, shared_dir)))
+                for deployment, command in deployments:
+                    if command.env is not None:
                         self.say(f"{command.label}: warming the shared server")
                         warm_shared_server(udf, shared_dir, init)
                     # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.

@@ -1,8 +1,9 @@
 """One Spark per host: ``udf-agent run`` tasks relay to a shared server started on first use.
 
 Real processes over real pipes (Kapacitor's side) and a real unix socket (the relay's).
-Most tests use mirror, which never starts Spark, so that what is tested is the sharing
-itself; one runs moving_avg on the shared Spark.
+Most tests relay a UDF that never starts Spark (``RELAYED``), so that what is tested is the
+sharing itself; one runs moving_avg on the shared Spark. mirror is not relayed: with no Spark
+to share, it runs in the task's own process.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from udf_agent.wire.frames import encode_frame
 pytestmark = pytest.mark.integration
 
 SECOND = 1_000_000_000
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RELAYED = "tests.udfs.sample:local_echo"
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def maps(pid: int) -> str:
 
 def test_tasks_with_the_same_settings_share_one_server_and_a_task_is_a_light_relay(drivers, shared_dir):
     env = shared_env(shared_dir)
-    first, second = drivers("run", "mirror", env=env), drivers("run", "mirror", env=env)
+    first, second = drivers("run", RELAYED, env=env, cwd=ROOT), drivers("run", RELAYED, env=env, cwd=ROOT)
     for n, driver in enumerate((first, second)):
         assert driver.init(timeout=60).success, driver.log()
         assert echo(driver, n * SECOND).time == n * SECOND
@@ -97,9 +100,9 @@ def test_tasks_with_the_same_settings_share_one_server_and_a_task_is_a_light_rel
 
 def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
     env = shared_env(shared_dir)
-    plain = drivers("run", "mirror", env=env)
-    tuned = drivers("run", "mirror", "--conf", "spark.sql.shuffle.partitions=3", env=env)
-    smaller = drivers("run", "mirror", "--master", "local[1]", env=env)
+    plain = drivers("run", RELAYED, env=env, cwd=ROOT)
+    tuned = drivers("run", RELAYED, "--conf", "spark.sql.shuffle.partitions=3", env=env, cwd=ROOT)
+    smaller = drivers("run", RELAYED, "--master", "local[1]", env=env, cwd=ROOT)
     for driver in (plain, tuned, smaller):
         assert driver.init(timeout=60).success, driver.log()
     assert len(sockets(shared_dir)) == 3
@@ -108,7 +111,7 @@ def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
 
 def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fresh_one(drivers, shared_dir):
     env = shared_env(shared_dir)
-    tasks = [drivers("run", "mirror", env=env) for _ in range(2)]
+    tasks = [drivers("run", RELAYED, env=env, cwd=ROOT) for _ in range(2)]
     for driver in tasks:
         assert driver.init(timeout=60).success, driver.log()
         echo(driver, 0)
@@ -121,7 +124,7 @@ def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fres
         assert f"the shared Spark server (pid {server}) was killed or crashed" in error.error
         assert driver.process.wait(5) == 1
         assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
-    fresh = drivers("run", "mirror", env=env)
+    fresh = drivers("run", RELAYED, env=env, cwd=ROOT)
     assert fresh.init(timeout=60).success, fresh.log()
     assert echo(fresh, 5 * SECOND).time == 5 * SECOND
     assert shared_server_pids(shared_dir) not in ([], [server])
@@ -139,7 +142,7 @@ def importtime_tasks(shared_dir):
     started = []
 
     def start(*args: str) -> KapacitorDriver:
-        driver = KapacitorDriver.command([sys.executable, "-X", "importtime", "-m", "udf_agent", *args], env=shared_env(shared_dir))
+        driver = KapacitorDriver.command([sys.executable, "-X", "importtime", "-m", "udf_agent", *args], env=shared_env(shared_dir), cwd=ROOT)
         started.append(driver)
         return driver
 
@@ -149,18 +152,18 @@ def importtime_tasks(shared_dir):
 
 
 def test_a_task_started_as_an_earlier_one_was_rejoins_its_server_without_parsing_the_command_line(importtime_tasks, shared_dir):
-    first = importtime_tasks("run", "mirror")
+    first = importtime_tasks("run", RELAYED)
     assert first.init(timeout=60).success, first.log()
     assert imported(first, "click")
     (launch,) = [name for name in os.listdir(shared_dir) if name.endswith(".launch")]
-    again = importtime_tasks("run", "mirror")
+    again = importtime_tasks("run", RELAYED)
     assert again.info().wants == udf_pb2.STREAM
     assert again.init(timeout=60).success, again.log()
     assert echo(again, SECOND).time == SECOND
     assert not imported(again, "click"), "a remembered launch went through the command line"
     assert "computing on the shared Spark server" in again.log()
     # Another command line is parsed, and remembered on its own; the server is the same one.
-    other = importtime_tasks("run", "mirror", "--flush-interval", "10ms")
+    other = importtime_tasks("run", RELAYED, "--flush-interval", "10ms")
     assert other.init(timeout=60).success, other.log()
     assert imported(other, "click")
     assert len([name for name in os.listdir(shared_dir) if name.endswith(".launch")]) == 2
@@ -169,12 +172,12 @@ def test_a_task_started_as_an_earlier_one_was_rejoins_its_server_without_parsing
 
 
 def test_a_damaged_launch_record_is_ignored_saying_so_and_rewritten(importtime_tasks, shared_dir):
-    first = importtime_tasks("run", "mirror")
+    first = importtime_tasks("run", RELAYED)
     assert first.init(timeout=60).success, first.log()
     (launch,) = [os.path.join(shared_dir, name) for name in os.listdir(shared_dir) if name.endswith(".launch")]
     with open(launch, "w") as f:
         f.write('{"server": ')
-    again = importtime_tasks("run", "mirror")
+    again = importtime_tasks("run", RELAYED)
     assert again.init(timeout=60).success, again.log()
     assert echo(again, SECOND).time == SECOND
     assert "ignoring the remembered launch for this command line" in again.log()
@@ -186,7 +189,7 @@ def test_a_damaged_launch_record_is_ignored_saying_so_and_rewritten(importtime_t
 def test_a_task_abort_with_output_unread_ends_the_relay_within_seconds(drivers, shared_dir):
     """Kapacitor's abort: it stops reading the task's output, closes its input and waits for
     the process. The relay drops what no one takes for a second, as the agent's writer does."""
-    driver = drivers("run", "mirror", env=shared_env(shared_dir))
+    driver = drivers("run", RELAYED, env=shared_env(shared_dir), cwd=ROOT)
     assert driver.init(timeout=60).success, driver.log()
     point = udf_pb2.Request(point=udf_pb2.Point(time=1, name="m", fieldsDouble={"x": 1.0}))
     driver.send_raw(encode_frame(point) * 200_000)  # megabytes of echoes: every pipe on the way full
@@ -198,7 +201,7 @@ def test_a_task_abort_with_output_unread_ends_the_relay_within_seconds(drivers, 
 
 
 def test_an_idle_server_exits_by_itself_and_removes_its_socket_and_logs_as_the_task_that_started_it(drivers, shared_dir):
-    task = drivers("run", "mirror", "--shared-idle-exit", "1s", "--log-format", "json", env=shared_env(shared_dir))
+    task = drivers("run", RELAYED, "--shared-idle-exit", "1s", "--log-format", "json", env=shared_env(shared_dir), cwd=ROOT)
     assert task.init(timeout=60).success, task.log()
     time.sleep(1.5)  # a task connected is not idleness, however quiet
     (server,) = shared_server_pids(shared_dir)
@@ -215,14 +218,14 @@ def test_an_idle_server_exits_by_itself_and_removes_its_socket_and_logs_as_the_t
     relay_lines = [json.loads(line) for line in task.log().splitlines()]
     assert any("no task for 1 s (--idle-exit): stopping" in line["message"] for line in server_lines)
     (initialised,) = [line for line in server_lines if "initialised" in line["message"]]
-    assert (initialised["taskID"], initialised["nodeID"], initialised["udf"], initialised["level"]) == ("test", "udf1", "mirror", "info")
+    assert (initialised["taskID"], initialised["nodeID"], initialised["udf"], initialised["level"]) == ("test", "udf1", "local_echo", "info")
     assert any("computing on the shared Spark server" in line["message"] for line in relay_lines)
     del server
 
 
 def test_a_directory_others_may_enter_is_refused_with_the_fix(drivers, shared_dir):
     os.chmod(shared_dir, 0o755)
-    task = drivers("run", "mirror", env=shared_env(shared_dir))
+    task = drivers("run", RELAYED, env=shared_env(shared_dir), cwd=ROOT)
     (error,) = task.responses.wait_for("error", timeout=30)
     assert f"{shared_dir} is open to other users (mode 755); run 'chmod 700 {shared_dir}'" in error.error
     assert task.process.wait(10) == 1
@@ -231,10 +234,27 @@ def test_a_directory_others_may_enter_is_refused_with_the_fix(drivers, shared_di
 
 def test_the_directory_is_created_private(drivers, shared_dir):
     directory = os.path.join(shared_dir, "new")
-    task = drivers("run", "mirror", env=shared_env(directory))
+    task = drivers("run", RELAYED, env=shared_env(directory), cwd=ROOT)
     assert task.init(timeout=60).success, task.log()
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.join(directory, sockets(directory)[0])).st_mode) == 0o600
+
+
+def test_mirror_which_never_starts_spark_runs_in_the_tasks_own_process(drivers, shared_dir):
+    """Relaying it would add a hop, and start a server with its Spark, for nothing to share."""
+    task = drivers("run", "mirror", env=shared_env(shared_dir))
+    assert task.init(timeout=60).success, task.log()
+    assert echo(task, 0).time == 0
+    assert os.listdir(shared_dir) == [] and shared_server_pids(shared_dir) == []
+    assert "computing on the shared Spark server" not in task.log()
+    assert task.close(timeout=30) == 0
+
+
+def test_the_spark_free_built_ins_run_does_not_relay_are_those_declared_so():
+    from udf_agent.cli import SPARK_FREE_BUILTINS
+    from udf_agent.library.builtins import BUILTINS
+
+    assert SPARK_FREE_BUILTINS == {name for name, spec in BUILTINS.items() if not spec.compute}
 
 
 def test_own_spark_keeps_the_task_in_its_own_process(drivers, shared_dir):

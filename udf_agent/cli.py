@@ -224,6 +224,10 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
     return Engines(make_spark, local_max_points, local_while_starting)
 
 
+# Built-ins declared compute=False (tests keep the two in step): named here so that a relay
+# need not import the built-ins to know.
+SPARK_FREE_BUILTINS = frozenset({"mirror"})
+
 _ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote")
 
 
@@ -299,9 +303,12 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
 
     By default the task computes on this host's shared Spark server, started on first use
     (this process then only relays Kapacitor's bytes, about 20 MB); --own-spark keeps the
-    task in its own process with its own Spark."""
+    task in its own process with its own Spark. mirror, which never starts Spark, always
+    runs in its own process."""
     engine_options, agent_options = _split_options(options)
-    if not own_spark:
+    # A built-in that never starts Spark has none to share: relaying it to the shared server
+    # would only add a hop (and a server with its Spark for a task that needs none).
+    if not own_spark and target not in SPARK_FREE_BUILTINS:
         settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
         server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
         _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format, server_args)
