@@ -38,6 +38,7 @@ from udf_agent.api import UDFSpec
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_ddl
 from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
+from udf_agent.runtime.collector import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,7 @@ class SparkEngine:
             self._start_dispatch(session)
             self._session = session
             log.info("compute engine ready in %.1f s: micro-batches run %s", time.monotonic() - started, self.name)
+            freeze_startup_objects("Spark ready")
         except BaseException as exc:  # reported to whoever waits for the engine
             log.error("Spark failed to start after %.1f s: %s", time.monotonic() - started, exc)
             self._error = exc

@@ -21,6 +21,7 @@ from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
@@ -456,6 +457,7 @@ class Agent:
                 log.error("the compiled point codec cannot load, and %s cannot compute without it (run 'udf-agent doctor'): %s", self.spec.name, exc)
                 return
         log.debug("compiled hot path loaded in %.2f s", time.monotonic() - started)
+        freeze_startup_objects("hot path loaded")
 
     # ---- compute ----
 
