@@ -297,7 +297,7 @@ def main() -> None:
     show_default=True,
     help="A shared Spark server this task starts exits after serving no task for this long.",
 )
-@_metrics_option("Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts (a server already up keeps its own), or with --own-spark from this task's process.")
+@_metrics_option("Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts (a server already up keeps its own), or with --own-spark (and for mirror, which runs in the task's process) from this task's process.")
 def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, metrics_address: str | None, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
 
