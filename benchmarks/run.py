@@ -504,12 +504,16 @@ class Bench:
         )
 
 
+def _lower_median(results: list[RunResult], key: Callable[[RunResult], Any]) -> RunResult:
+    """The middle run by ``key``; of two middle ones, the lower."""
+    return sorted(results, key=key)[(len(results) - 1) // 2]
+
+
 def _median_run(results: list[RunResult]) -> RunResult:
     """Of repeated runs, the one with the median steady rate (the lower of the two middle
     ones for an even count; a failed run ranks lowest); every run's rate is kept in its JSON,
     and its keepalive figures are those of every run's keepalives pooled."""
-    ranked = sorted(results, key=lambda run: (run.ok, run.steady_pps or 0.0))
-    median = ranked[(len(ranked) - 1) // 2]
+    median = _lower_median(results, key=lambda run: (run.ok, run.steady_pps or 0.0))
     if len(results) == 1:
         return median
     return dataclasses.replace(
@@ -523,8 +527,7 @@ def _median_run(results: list[RunResult]) -> RunResult:
 def _median_latency_run(results: list[RunResult]) -> RunResult:
     """Of repeated paced runs, the one with the median p50 (the lower of the two middle ones
     for an even count; a failed run ranks as the slowest), with every run's p50 and p99."""
-    ranked = sorted(results, key=lambda run: (not run.ok or run.latency is None, (run.latency.p50_ms or 0.0) if run.latency else 0.0))
-    median = ranked[(len(ranked) - 1) // 2]
+    median = _lower_median(results, key=lambda run: (not run.ok or run.latency is None, (run.latency.p50_ms or 0.0) if run.latency else 0.0))
     if len(results) == 1:
         return median
     return dataclasses.replace(median, repeats_latency_ms=[(run.latency.p50_ms, run.latency.p99_ms) if run.ok and run.latency else None for run in results])

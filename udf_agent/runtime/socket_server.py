@@ -97,13 +97,14 @@ class UnixSocketServer:
         try:
             while not self._stopping.is_set():
                 # The timeout only paces the idle-exit check: shutdown() wakes the accept itself.
-                self._listener.settimeout(self._until_idle_exit())
+                until_exit = self._until_idle_exit()
+                if until_exit is not None and until_exit <= 0:
+                    log.info("no task for %g s (--idle-exit): stopping", self.idle_exit)
+                    break
+                self._listener.settimeout(until_exit)
                 try:
                     conn, _ = self._listener.accept()
                 except TimeoutError:
-                    if self._idle_too_long():
-                        log.info("no task for %g s (--idle-exit): stopping", self.idle_exit)
-                        break
                     continue
                 except OSError as exc:
                     if self._stopping.is_set():
@@ -131,23 +132,16 @@ class UnixSocketServer:
         finally:
             self._close()
 
-    def _idle_too_long(self) -> bool:
-        if self.idle_exit is None:
-            return False
-        with self._lock:
-            if self._sessions:
-                return False
-            return time.monotonic() - self._idle_since >= self.idle_exit
-
     def _until_idle_exit(self) -> float | None:
-        """The soonest the server could have been idle for ``idle_exit``: an idle server wakes
-        then, not every second. With a task open now, that is ``idle_exit`` from now."""
+        """Seconds until the server will have been idle for ``idle_exit`` (None: it never
+        exits by itself; 0 or less: it is due). An idle server wakes then, not every second;
+        with a task open now, that is ``idle_exit`` from now at the soonest."""
         if self.idle_exit is None:
             return None
         with self._lock:
             if self._sessions:
                 return self.idle_exit
-            return max(0.01, self._idle_since + self.idle_exit - time.monotonic())
+            return self._idle_since + self.idle_exit - time.monotonic()
 
     def shutdown(self, reason: str | None = None) -> None:
         """Stops accepting; open sessions finish what they accepted within the drain
