@@ -41,17 +41,25 @@ class Daemons:
         work.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
         self.started: list[subprocess.Popen[bytes]] = []
+        self._named: dict[str, tuple[subprocess.Popen[bytes], tuple[str, ...]]] = {}
 
     def start(self, name: str, program: str, *args: str) -> Path:
         log_path = self.work / f"{name}.log"
-        with open(log_path, "wb") as log:
-            self.started.append(
-                subprocess.Popen(
-                    [os.path.join(self.spark_home, "bin", program), *args],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
-                )
+        with open(log_path, "ab") as log:  # a restarted daemon's log follows its first life's
+            process = subprocess.Popen(
+                [os.path.join(self.spark_home, "bin", program), *args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
             )
+        self.started.append(process)
+        self._named[name] = (process, (program, *args))
         return log_path
+
+    def restart(self, name: str) -> Path:
+        """Kills the daemon ``name`` (SIGKILL to its process group, as a crash would) and
+        starts it again with the same command line; its log path."""
+        process, command = self._named[name]
+        _kill_group(process, signal.SIGKILL)
+        return self.start(name, *command)
 
     def wait_for(self, what: str, check: Callable[[], bool], log_path: Path, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -62,13 +70,20 @@ class Daemons:
 
     def stop(self) -> None:
         for daemon in self.started:
-            for signum in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(daemon.pid, signum)
-                    daemon.wait(10)
-                    break
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    continue
+            if not _kill_group(daemon, signal.SIGTERM):
+                _kill_group(daemon, signal.SIGKILL)
+
+
+def _kill_group(process: subprocess.Popen[bytes], signum: int) -> bool:
+    """Whether ``process`` is gone within 10 s of ``signum`` sent to its process group."""
+    try:
+        os.killpg(process.pid, signum)
+        process.wait(10)
+        return True
+    except ProcessLookupError:
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 @contextlib.contextmanager
@@ -92,17 +107,26 @@ def standalone_cluster(work: Path, workers: int = 1, cores: int = 2, memory: str
 
 
 @contextlib.contextmanager
-def connect_server(work: Path, master: str = "local[2]") -> Iterator[tuple[str, Daemons]]:
-    """The URL of a Spark Connect server (``master`` behind it) once it listens."""
+def connect_server(work: Path, master: str = "local[2]", conf: dict[str, str] | None = None) -> Iterator[tuple[str, Daemons]]:
+    """The URL of a Spark Connect server (``master`` behind it, ``conf`` its own settings)
+    once it listens. ``restart_connect_server`` kills it and starts it again on its port."""
     daemons = Daemons(work)
     port = free_port()
+    settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1", "spark.ui.enabled": "false", **(conf or {})}
     try:
         log_path = daemons.start(
             "connect", "spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
-            "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", "spark.ui.enabled=false", "spark-internal",
+            *(arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")), "spark-internal",
         )
         daemons.wait_for("the Spark Connect server did not listen", lambda: accepts(port), log_path)
         yield f"sc://127.0.0.1:{port}", daemons
     finally:
         daemons.stop()
+
+
+def restart_connect_server(url: str, daemons: Daemons) -> None:
+    """Kills the Spark Connect server ``connect_server`` started (its executors and their
+    Python workers with it) and starts it again on the same port; returns once it listens."""
+    port = int(url.rsplit(":", 1)[1])
+    log_path = daemons.restart("connect")
+    daemons.wait_for("the restarted Spark Connect server did not listen", lambda: accepts(port), log_path)

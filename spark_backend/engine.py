@@ -32,10 +32,11 @@ import pandas as pd
 import pyarrow as pa
 
 from spark_backend.resident import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker, ResidentWorkers
-from spark_backend.sessions import SparkSession, SparkStartError, open_session
+from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_ddl
+from udf_agent.compute.engine import Tenant
 from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
 from udf_agent.runtime.collector import freeze_startup_objects
@@ -51,6 +52,9 @@ CANCEL_CHECK_INTERVAL = 0.5
 
 # How often the log says how long Spark has been starting.
 START_REPORT_INTERVAL = 5.0
+
+# How often a micro-batch whose Spark Connect session was lost tries to open a new one.
+REOPEN_INTERVAL = 1.0
 
 
 class SparkEngine:
@@ -107,33 +111,84 @@ class SparkEngine:
         if self._error is not None:
             raise SparkStartError(f"Spark did not start ({self.settings.url}): {first_line(self._error)}") from self._error
 
-    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
-        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+    def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
+        """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task
+        order; the resident slots are shared fairly between tenants (tasks)."""
         ship_by_value(job.spec)
         exit_code = self._jvm_exit_code() if self._ready.is_set() else None
         if exit_code is not None:
             # Resident workers may outlive their JVM, but nothing supervises them any more.
             self._replace_dead_jvm(exit_code)
         self.wait_ready()
-        try:
-            return self._run(job, tasks)
-        except Exception:
-            exit_code = self._jvm_exit_code()
-            if exit_code is not None:
-                self._replace_dead_jvm(exit_code)
-            raise
+        deadline = time.monotonic() + self.settings.batch_timeout
+        while True:
+            session = self._session
+            assert session is not None  # ready
+            session.used()
+            try:
+                return self._run(job, tasks, tenant)
+            except Exception as exc:
+                exit_code = self._jvm_exit_code()
+                if exit_code is not None:
+                    self._replace_dead_jvm(exit_code)
+                    raise
+                cause = session.lost()
+                if cause is None:
+                    raise
+                failure = first_line(exc)
+            # The windows live in the agent: the same micro-batch on a new session is enough.
+            self._open_new_session(session, f"{failure}; the session: {cause}", deadline)
+
+    def _open_new_session(self, lost: SparkSession, cause: str, deadline: float) -> None:
+        """Replaces ``lost``, a Spark Connect session its server closed (after its session
+        timeout without a request) or forgot (it restarted), and relaunches the resident
+        workers on the new one; tries until ``deadline`` (the micro-batch's --batch-timeout),
+        then SparkSessionLost says what was tried. One micro-batch replaces it; the others
+        wait for the engine's lock and use the new session."""
+        with self._lock:
+            if self._session is not lost:
+                return  # replaced meanwhile
+            started = time.monotonic()
+            if started >= deadline:
+                raise SparkSessionLost(f"the Spark Connect session on {lost.url} was lost ({cause}) and the micro-batch is past its --batch-timeout ({self.settings.batch_timeout:g} s)")
+            log.warning("the Spark Connect session on %s was lost (%s): opening a new one and computing the micro-batch again", lost.url, cause)
+            if self._resident is not None:
+                self._resident.stop()
+                self._resident = None
+            lost.stop()
+            attempts = 0
+            while True:
+                attempts += 1
+                try:
+                    session = open_session(self.settings)
+                    break
+                except SparkStartError as exc:
+                    failure = first_line(exc)
+                if time.monotonic() + REOPEN_INTERVAL >= deadline:
+                    raise SparkSessionLost(
+                        f"the Spark Connect session on {lost.url} was lost ({cause}); {attempts} attempt(s) to open a new one over "
+                        f"{time.monotonic() - started:.0f} s, until the micro-batch's --batch-timeout ({self.settings.batch_timeout:g} s), failed: {failure}"
+                    )
+                time.sleep(REOPEN_INTERVAL)
+            try:
+                self._start_dispatch(session)
+            except BaseException:
+                session.stop()
+                raise
+            self._session = session
+            log.info("a new Spark Connect session after %.1f s (%d attempt(s)): micro-batches run %s", time.monotonic() - started, attempts, self.name)
 
     def _jvm_exit_code(self) -> int | None:
         session = self._session
         return None if session is None else session.jvm_exit_code()
 
-    def _run(self, job: Job, tasks: pa.Table) -> pa.Table:
+    def _run(self, job: Job, tasks: pa.Table, tenant: Tenant | None) -> pa.Table:
         resident = self._resident
         if resident is None:
             return self._run_as_job(job, tasks)
         while True:
             try:
-                results = resident.run(job, tasks)
+                results = resident.run(job, tasks, tenant)
             except NoResidentWorker as exc:
                 if not self._fell_back:  # each switch is logged, not every micro-batch
                     log.info("%s: micro-batches run as Spark jobs until one connects", exc)
@@ -244,7 +299,7 @@ class SparkEngine:
             # come: wait for them. A cluster or Connect server may have no core free for one
             # yet; micro-batches then run as Spark jobs, which its scheduler shares.
             first_worker_wait = START_TIMEOUT if session.url.startswith("local") else FIRST_WORKER_WAIT
-            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout, self.settings.resident_idle, first_worker_wait)
+            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout, self.settings.resident_idle, first_worker_wait, self.settings.worker_memory_bytes(slots))
             resident.start()
             resident.wait_for_workers(1, first_worker_wait)
             self._resident = resident

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("!BQ")
 # HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB and
-# TASKS carry the job key first.
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE = range(1, 7)
+# TASKS carry the job key first. OVER_MEMORY is a worker's last word: it passed its memory
+# limit while computing, and exits.
+HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY = range(1, 8)
 JOB_KEY_BYTES = 16
 
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).

@@ -11,28 +11,51 @@ import json
 import os
 import pickle
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pandas as pd
 
-from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, RESULT, WELCOME, JobCache, describe_failure, receive_message, send_message
+from spark_backend.resident_protocol import (
+    FAILURE,
+    HELLO,
+    JOB,
+    JOB_KEY_BYTES,
+    OVER_MEMORY,
+    RESULT,
+    WELCOME,
+    JobCache,
+    describe_failure,
+    receive_message,
+    send_message,
+)
 from udf_agent.compute.contract import Job
 from udf_agent.compute.run import compute_tasks
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
+# While a part computes, the worker's resident memory is looked at this often.
+MEMORY_CHECK_INTERVAL = 0.05
+# The exit status of a worker that passed its memory limit.
+OVER_MEMORY_EXIT = 70
 
-def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-    """The body of a resident task: computes micro-batches for the agent at ``address``."""
+
+def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, memory_limit: int | None, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The body of a resident task: computes micro-batches for the agent at ``address``
+    as slot ``slot`` of its launch ``launch``, within ``memory_limit`` bytes if given."""
     from udf_agent.wire import pointcodec
 
-    slot = next((int(v) for frame in frames for v in frame["id"]), -1)
+    for _ in frames:  # the one row Spark gives the task says nothing the arguments don't
+        pass
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
     served = 0
-    sock = _join_agent(address, token, slot)
+    sock = _join_agent(address, token, slot, launch)
     if sock is None:
         yield pd.DataFrame({"slot": [slot], "served": [served]})
         return
     with sock:
+        sending = threading.Lock()
+        guard = _MemoryGuard(memory_limit, sock, sending) if memory_limit else None
         jobs: JobCache[Job] = JobCache()
         while (message := receive_message(sock)) is not None:
             kind, payload = message
@@ -42,17 +65,58 @@ def serve_slot(address: tuple[str, int], token: str, frames: Iterator[pd.DataFra
                 # authenticated: the same trust as Spark's own pickled UDFs.
                 jobs.add(key, pickle.loads(body))
                 continue
+            if guard is not None:
+                guard.computing.set()
             try:
                 reply = table_to_ipc_buffer(compute_tasks(jobs.use(key), ipc_to_table(body)))
             except Exception as exc:
-                send_message(sock, FAILURE, describe_failure(exc).encode())
+                answer, content = FAILURE, describe_failure(exc).encode()
             else:
-                send_message(sock, RESULT, reply)
+                answer, content = RESULT, reply
+            with sending:
+                if guard is not None:
+                    guard.computing.clear()
+                send_message(sock, answer, content)
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
 
 
-def _join_agent(address: tuple[str, int], token: str, slot: int) -> socket.socket | None:
+class _MemoryGuard:
+    """Ends the worker, saying so to the agent, once its resident memory passes the limit
+    while a part computes: the UDF's micro-batch fails with a clear error instead of the
+    host's out-of-memory killer picking the JVM or the server. Asleep between parts."""
+
+    def __init__(self, limit: int, sock: socket.socket, sending: threading.Lock):
+        self.limit = limit
+        self.computing = threading.Event()
+        self._sock = sock
+        self._sending = sending
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        threading.Thread(target=self._watch, name="udf-agent-memory-guard", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            self.computing.wait()
+            used = self._resident_bytes()
+            if used > self.limit:
+                self._give_up(used)
+            time.sleep(MEMORY_CHECK_INTERVAL)
+
+    def _resident_bytes(self) -> int:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * self._page
+
+    def _give_up(self, used: int) -> None:
+        with self._sending:
+            if self.computing.is_set():  # not if the part's answer went out meanwhile
+                message = f"its resident Python worker (pid {os.getpid()}) used {used / 2**20:.0f} MiB, past --worker-memory {self.limit / 2**20:.0f} MiB: the micro-batch was abandoned and the worker replaced"
+                try:
+                    send_message(self._sock, OVER_MEMORY, message.encode())
+                finally:
+                    os._exit(OVER_MEMORY_EXIT)
+
+
+def _join_agent(address: tuple[str, int], token: str, slot: int, launch: int) -> socket.socket | None:
     """The connection to the agent, past its welcome; None if the agent let this task go
     before it got a core (its listener closed: stopped, released when idle, relaunched)."""
     try:
@@ -61,7 +125,7 @@ def _join_agent(address: tuple[str, int], token: str, slot: int) -> socket.socke
         return None
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "pid": os.getpid()}).encode())
+        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid()}).encode())
         welcome = receive_message(sock)
     except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed
         welcome = None

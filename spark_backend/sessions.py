@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -36,10 +38,25 @@ CONNECT_TIMEOUT = 5.0
 # Resident tasks on a Spark Connect server: its cores are shared with every other client,
 # and a task cannot know how many there are, so it takes one (--resident-slots for more).
 CONNECT_SLOTS = 1
+# A Connect server closes a session after this long without a request, unless its
+# spark.connect.session.manager.defaultSessionTimeout says otherwise (Spark's default).
+CONNECT_SESSION_TIMEOUT = 3600.0
+# A Connect session is kept alive (a request every quarter of the server's session timeout)
+# until this long after its last micro-batch; past it an idle host sends nothing, and the next
+# micro-batch replaces a session the server closed meanwhile (SparkEngine.run).
+KEEPALIVE_AFTER_USE = 3600.0
+# Retries of a request to an unreachable Connect server: PySpark's backoff (50 ms, then x4)
+# for about 4 s instead of its default 10 min, so that the engine decides how long a
+# micro-batch waits for a server (--batch-timeout), checking between tries.
+CONNECT_RETRIES = 4
 
 
 class SparkStartError(EngineStartError):
     """Spark could not be started or reached; the message names the URL and the cause."""
+
+
+class SparkSessionLost(SparkStartError):
+    """A Spark Connect session that could not be replaced in time; the message says what was tried."""
 
 
 class SparkSession(Protocol):
@@ -66,6 +83,15 @@ class SparkSession(Protocol):
 
     def jvm_exit_code(self) -> int | None:
         """The exit code of this process's JVM if it has died; None while it runs (or there is none)."""
+
+    def used(self) -> None:
+        """A micro-batch is about to run on the session (a Connect session stays alive for
+        ``KEEPALIVE_AFTER_USE`` after the last one)."""
+
+    def lost(self) -> str | None:
+        """Why the session can no longer be used (a Connect server closed it or restarted, or
+        cannot be reached), or None if it answers. Asks the server; a classic session's JVM is
+        watched by ``jvm_exit_code`` instead."""
 
     def stop(self) -> None: ...
 
@@ -184,6 +210,12 @@ class ClassicSession:
         process = getattr(SparkContext._gateway, "proc", None)
         return None if process is None else process.poll()
 
+    def used(self) -> None:
+        pass  # the session lives as long as its JVM
+
+    def lost(self) -> str | None:
+        return None
+
     def stop(self) -> None:
         self.dataframes.stop()
 
@@ -219,28 +251,47 @@ def _executor_cores(context: object) -> int:
 
 
 class ConnectSession:
-    """A Spark Connect client session: the server runs the JVM, its executors the UDF."""
+    """A Spark Connect client session: the server runs the JVM, its executors the UDF.
 
-    def __init__(self, url: str, session: ConnectSparkSession):
+    The server closes a session after its session timeout without a request: a thread keeps
+    this one alive while micro-batches use it (see ``KEEPALIVE_AFTER_USE``)."""
+
+    def __init__(self, url: str, session: ConnectSparkSession, keepalive_interval: float):
         self.url = url
         self.dataframes = session
+        self.keepalive_interval = keepalive_interval
+        self._last_used = time.monotonic()
+        self._quiet = False  # the keepalive thread waits for the next use (guarded by _lock)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._lost: str | None = None
 
     @classmethod
     def open(cls, settings: SparkSettings) -> ConnectSession:
+        from pyspark.sql.connect.client.retries import DefaultPolicy
         from pyspark.sql.connect.session import SparkSession as Builder
 
         url = settings.remote or ""
         check_reachable(url)
         log.info("connecting to the Spark Connect server %s", url)
         try:
-            session = Builder.builder.remote(url).getOrCreate()
+            # A new session each time: a session the server closed is never handed back.
+            session = Builder.builder.remote(url).create()
+            session.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES)])
             for key, value in settings.conf.items():
                 session.conf.set(key, value)  # runtime settings only: the server owns the rest
             version = session.version
+            timeout = _session_timeout(session)
         except Exception as exc:
             raise SparkStartError(f"cannot use the Spark Connect server {url}: {first_line(exc)}") from exc
-        log.info("Spark %s ready (Spark Connect server %s)", version, url)
-        return cls(url, session)
+        opened = cls(url, session, keepalive_interval=max(1.0, timeout / 4))
+        threading.Thread(target=opened._keep_alive, name="spark-connect-keepalive", daemon=True).start()
+        log.info(
+            "Spark %s ready (Spark Connect server %s, which ends a session after %.0f s without a request: kept alive every %.0f s while in use)",
+            version, url, timeout, opened.keepalive_interval,
+        )
+        return opened
 
     def cores(self) -> int:
         return CONNECT_SLOTS
@@ -261,5 +312,62 @@ class ConnectSession:
     def jvm_exit_code(self) -> int | None:
         return None  # the server's JVM is not ours to watch
 
+    def used(self) -> None:
+        with self._lock:
+            self._last_used = time.monotonic()
+            if self._quiet:
+                self._quiet = False
+                self._wake.set()
+
+    def lost(self) -> str | None:
+        if self.dataframes.is_stopped:
+            # PySpark closes its client when the server answers with another server-side
+            # session than the one it opened: the server restarted.
+            self._lost = self._lost or "the server no longer has it (it restarted)"
+            return self._lost
+        try:
+            check_reachable(self.url)
+            self.dataframes.conf.get("spark.sql.session.timeZone")
+            return None
+        except Exception as exc:
+            self._lost = first_line(exc)
+            return self._lost
+
     def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._lost is not None:
+            self.dataframes.release_session_on_close = False  # the server has no such session, or cannot be reached
         self.dataframes.stop()
+
+    def _keep_alive(self) -> None:
+        """Asks the server something cheap every ``keepalive_interval`` while the session was
+        used within ``KEEPALIVE_AFTER_USE``; then waits, costing nothing, for the next use."""
+        while True:
+            with self._lock:
+                self._quiet = time.monotonic() - self._last_used >= KEEPALIVE_AFTER_USE
+                pause = None if self._quiet else self.keepalive_interval
+            if self._wake.wait(pause):  # the first use after a quiet spell, or a stop
+                self._wake.clear()
+                if self._stopping:
+                    return
+                continue
+            try:
+                self.dataframes.conf.get("spark.sql.session.timeZone")
+            except Exception as exc:
+                if not self._stopping:
+                    log.warning("the Spark Connect session on %s no longer answers (%s): the next micro-batch opens a new one", self.url, first_line(exc))
+                return
+
+
+# Spark's time units (JavaUtils.timeStringAs); a number alone is in the setting's own unit.
+_SPARK_TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _session_timeout(session: ConnectSparkSession) -> float:
+    """Seconds after which the server closes a session that sends no request."""
+    value = session.conf.get("spark.connect.session.manager.defaultSessionTimeout", None)
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", (value or "").lower())
+    if match is None or match.group(2) not in (*_SPARK_TIME_UNITS, ""):
+        return CONNECT_SESSION_TIMEOUT  # not set on the server: Spark's default
+    return int(match.group(1)) * _SPARK_TIME_UNITS[match.group(2) or "ms"]

@@ -22,6 +22,9 @@ DEFAULT_CONF = {
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
     "spark.python.worker.reuse": "true",
+    # A Python worker that crashes (SIGSEGV, SIGABRT, ...) leaves Spark the fatal signal and the
+    # frame it died in: the resident workers' loss report names them.
+    "spark.python.worker.faulthandler.enabled": "true",
     "spark.driver.memory": "512m",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto -XX:ReservedCodeCacheSize=64m -XX:MaxMetaspaceSize=256m -XX:-UsePerfData -XX:+UnlockDiagnosticVMOptions -XX:GuaranteedSafepointInterval=0 -XX:AsyncDeflationInterval=10000",
 }
@@ -59,10 +62,35 @@ class SparkSettings:
     resident_idle: float | None = 30.0
     # A Spark Connect server (sc://host:port): used instead of ``master``; no JVM here.
     remote: str | None = None
+    # The resident memory a resident Python worker may reach while computing, in bytes
+    # (None: WORKER_MEMORY_SHARE of the host's memory over the slots; 0: no limit).
+    worker_memory: int | None = None
+
+    def worker_memory_bytes(self, slots: int) -> int | None:
+        """The memory limit of each of ``slots`` resident workers (None: unlimited)."""
+        if self.worker_memory is not None:
+            return self.worker_memory or None
+        return default_worker_memory(slots)
 
     @property
     def url(self) -> str:
         return self.remote or self.master
+
+
+# By default the resident workers may together use this share of the host's memory: a UDF
+# that allocates without bound fails its micro-batch long before the host's out-of-memory
+# killer would pick the JVM or a shared server.
+WORKER_MEMORY_SHARE = 0.5
+MIN_WORKER_MEMORY = 1 << 30
+
+
+def host_memory() -> int:
+    """The host's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_worker_memory(slots: int) -> int:
+    return max(MIN_WORKER_MEMORY, int(host_memory() * WORKER_MEMORY_SHARE / max(1, slots)))
 
 
 def agent_conf(settings: SparkSettings) -> dict[str, str]:

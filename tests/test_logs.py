@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import threading
 
 import pytest
@@ -97,3 +98,52 @@ def test_foreign_lines_keep_a_json_log_one_object_a_line(stderr):
     assert lines[2]["message"] == "{not json}"
     assert lines[3]["message"].endswith(" [line cut]")
     assert len(lines) == 4
+
+
+def forwarded_from_a_task(labels, message, *args, raising=False):
+    """What a shared server sends a task's relay when a thread of the task of LABELS logs
+    MESSAGE (its routes take the records of that task only)."""
+    routes = logs.TaskLogRoutes()
+    sent = []
+    routes.add(labels, sent.append)
+    root = logging.getLogger()
+    root.addHandler(routes)
+    try:
+        logged_in_a_task(logs.TaskLabels(udf="u", task_id="another", node_id="n"), "another task's")
+        logging.getLogger("udf_agent.runtime.socket_server").error("no task's")
+        logged_in_a_task(labels, message, *args, raising=raising)
+    finally:
+        root.removeHandler(routes)
+    return sent
+
+
+def test_a_record_forwarded_to_a_relay_is_logged_there_in_its_own_format_naming_the_task(stderr):
+    logs.configure_logging("info", "text")  # the server's format: not what the relay logs in
+    server = logs.TaskLabels(udf="warns", task_id="cpu_alert", node_id="udf2")
+    (failed,) = forwarded_from_a_task(server, "UDF %s failed", "warns", raising=True)
+    (plain,) = forwarded_from_a_task(server, "dropped %d point(s) (100%% of them)", 3)
+    stderr.getvalue()  # the server's own lines
+    logs.configure_logging("info", "json")  # the task's --log-format
+    relay = logs.TaskLabels()  # the labels of the relay's threads
+    logged_in_a_task(relay, "the relay's own line, before Init")
+    logs.log_forwarded(failed, relay)
+    logs.log_forwarded(plain, relay)
+    logged_in_a_task(relay, "the relay's own line, once the server named the task")
+    before, first, second, after = (json.loads(line) for line in stderr.getvalue().splitlines())
+    assert (first["level"], first["logger"], first["message"]) == ("error", "udf_agent.runtime.agent", "UDF warns failed")
+    assert (first["taskID"], first["nodeID"], first["udf"]) == ("cpu_alert", "udf2", "warns")
+    assert "Traceback" in first["exception"] and "ValueError: boom" in first["exception"]
+    assert second["message"] == "dropped 3 point(s) (100% of them)" and "exception" not in second
+    assert (before["taskID"], before["nodeID"]) == ("", "")
+    assert (after["taskID"], after["nodeID"], after["udf"]) == ("cpu_alert", "udf2", "warns")
+
+
+def test_a_forwarded_record_in_text_and_below_the_relays_level(stderr):
+    labels = logs.TaskLabels(udf="warns", task_id="cpu_alert", node_id="udf2")
+    (plain,) = forwarded_from_a_task(labels, "dropped %d point(s)", 3)
+    logs.configure_logging("critical", "text")
+    logs.log_forwarded(plain, logs.TaskLabels())
+    assert stderr.getvalue() == ""
+    logs.configure_logging("info", "text")
+    logs.log_forwarded(plain, logs.TaskLabels())
+    assert stderr.getvalue() == f"udf-agent[{os.getpid()}] ERROR udf_agent.runtime.agent: [task=cpu_alert node=udf2 udf=warns] dropped 3 point(s)\n"

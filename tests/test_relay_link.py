@@ -1,15 +1,22 @@
-"""The shared server's chunks of whole frames to a task's relay, cut and put back together."""
+"""The shared server's messages to a task's relay, cut and put back together: chunks of whole
+frames, and the task's log records."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import socket
+import threading
 import time
 
 import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.runtime.connection import WriteTimeout
-from udf_agent.runtime.relay_link import HEADER, ChunkSplitter, RelayedConnection
+from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
+from udf_agent.runtime.relay_link import HEADER, MAX_QUEUED_LOG_BYTES, ChunkSplitter, RelayedConnection, log_message
+from udf_agent.runtime.writer import Writer
 from udf_agent.wire.frames import encode_frame
 from udf_agent.wire.guard import error_frame
 
@@ -19,42 +26,54 @@ def point_frames(count: int, first: int = 0) -> bytes:
 
 
 CHUNKS = [point_frames(3), point_frames(1, 3), error_frame("it failed")]
-STREAM = b"".join(HEADER.pack(len(chunk)) + chunk for chunk in CHUNKS)
+RECORDS = [b'{"message": "first"}', b'{"message": "second"}', b'{"message": "after the last chunk"}']
+# Output and log records interleaved, as the server sends them: a record ahead of a write's chunk.
+MESSAGES = [("record", RECORDS[0]), ("chunk", CHUNKS[0]), ("chunk", CHUNKS[1]), ("record", RECORDS[1]), ("chunk", CHUNKS[2]), ("record", RECORDS[2])]
+STREAM = b"".join(HEADER.pack(len(body)) + body if kind == "chunk" else log_message(body) for kind, body in MESSAGES)
+ENDS = [sum(HEADER.size + len(body) for _, body in MESSAGES[: n + 1]) for n in range(len(MESSAGES))]
 
 
-def test_whole_chunks_come_out_as_their_frames_and_the_last_one_is_kept():
+def of_kind(kind: str, messages: list[tuple[str, bytes]]) -> list[bytes]:
+    return [body for their_kind, body in messages if their_kind == kind]
+
+
+def test_whole_chunks_come_out_as_their_frames_records_apart_and_the_last_chunk_is_kept():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM) == b"".join(CHUNKS)
+    assert splitter.feed(STREAM) == (b"".join(CHUNKS), RECORDS)
     assert splitter.buffered == 0
-    assert splitter.last_chunk == CHUNKS[-1]
+    assert splitter.last_chunk == CHUNKS[-1]  # a record after it does not hide how the task ended
 
 
-def test_a_stream_fed_one_byte_at_a_time_gives_each_chunk_once_it_is_whole():
+def test_a_stream_fed_one_byte_at_a_time_gives_each_message_once_it_is_whole():
     splitter = ChunkSplitter()
-    out = []
+    out: list[tuple[str, bytes]] = []
     for i in range(len(STREAM)):
-        whole = splitter.feed(STREAM[i : i + 1])
+        whole, records = splitter.feed(STREAM[i : i + 1])
+        assert not (whole and records)  # one byte completes one message at most
         if whole:
-            out.append(whole)
-    assert out == CHUNKS
+            out.append(("chunk", whole))
+        out.extend(("record", record) for record in records)
+        assert splitter.buffered == i + 1 - max((end for end in ENDS if end <= i + 1), default=0)
+    assert out == MESSAGES
 
 
 @pytest.mark.parametrize("cut", range(1, len(STREAM)))
-def test_a_stream_split_anywhere_gives_only_whole_chunks(cut):
+def test_a_stream_split_anywhere_gives_only_whole_messages(cut):
     splitter = ChunkSplitter()
-    first = splitter.feed(STREAM[:cut])
-    # Never a piece of a chunk: what comes out ends where a chunk ends.
-    ends = [sum(HEADER.size + len(c) for c in CHUNKS[: n + 1]) for n in range(len(CHUNKS))]
-    done = max((n + 1 for n, end in enumerate(ends) if end <= cut), default=0)
-    assert first == b"".join(CHUNKS[:done])
-    assert splitter.buffered == cut - (ends[done - 1] if done else 0)
-    assert first + splitter.feed(STREAM[cut:]) == b"".join(CHUNKS)
+    first, first_records = splitter.feed(STREAM[:cut])
+    # Never a piece of a message: what comes out ends where a message ends.
+    done = sum(end <= cut for end in ENDS)
+    assert first == b"".join(of_kind("chunk", MESSAGES[:done]))
+    assert first_records == of_kind("record", MESSAGES[:done])
+    assert splitter.buffered == cut - (ENDS[done - 1] if done else 0)
+    rest, rest_records = splitter.feed(STREAM[cut:])
+    assert (first + rest, first_records + rest_records) == (b"".join(CHUNKS), RECORDS)
     assert splitter.buffered == 0
 
 
 def test_a_chunk_cut_short_stays_buffered_and_is_never_passed_on():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM[: HEADER.size + len(CHUNKS[0]) + 5]) == CHUNKS[0]
+    assert splitter.feed(STREAM[: ENDS[1] + 5]) == (CHUNKS[0], RECORDS[:1])
     assert splitter.buffered == 5
     assert splitter.last_chunk == CHUNKS[0]
 
@@ -69,7 +88,7 @@ def test_a_relayed_connection_sends_each_write_as_one_chunk_over_a_real_socket()
         received = b""
         while data := relay.recv(65536):
             received += data
-    assert received == STREAM
+    assert received == b"".join(HEADER.pack(len(chunk)) + chunk for chunk in CHUNKS)
 
 
 def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header():
@@ -89,3 +108,94 @@ def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header():
             pass
     assert 0 < cut.value.written < len(big)
     assert cut.value.written == queued - HEADER.size
+
+
+@pytest.fixture
+def log_routes():
+    """The shared server's routes of task records, on the root logger for the test."""
+    routes = TaskLogRoutes()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(routes)
+    root.setLevel(logging.WARNING)
+    yield routes
+    root.removeHandler(routes)
+    root.setLevel(level)
+
+
+def log_in_a_task(labels: TaskLabels, message: str, *args: object, times: int = 1) -> threading.Thread:
+    """Logs a warning ``times`` times from a thread of the task of ``labels``, as the agent's
+    threads do; the thread, joined for at most 10 s."""
+
+    def work() -> None:
+        for _ in range(times):
+            logging.getLogger("tests.task").warning(message, *args)
+
+    thread = threading.Thread(target=in_task(labels, work))
+    thread.start()
+    thread.join(10)
+    return thread
+
+
+def read_to_the_end(relay: socket.socket) -> tuple[bytes, list[dict]]:
+    splitter = ChunkSplitter()
+    frames, records = b"", []
+    while data := relay.recv(1 << 20):
+        whole, new = splitter.feed(data)
+        frames += whole
+        records += [json.loads(record) for record in new]
+    assert splitter.buffered == 0
+    return frames, records
+
+
+def test_a_tasks_log_records_reach_its_relay_while_no_output_flows_and_no_one_elses_do(log_routes):
+    ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, relay:
+        link = RelayedConnection(ours)
+        labels = TaskLabels(udf="warns", task_id="cpu_alert", node_id="udf2")
+        writer = Writer(link, labels)
+        link.forward_logs(log_routes, labels, writer)
+        log_in_a_task(TaskLabels(udf="warns", task_id="mem_alert", node_id="udf7"), "another task's line")
+        logging.getLogger("tests.server").warning("a line of no task")
+        log_in_a_task(labels, "dropped %d point(s)", 3)
+        # No output is under way: the record wakes the writer, and arrives on its own.
+        relay.settimeout(10)
+        whole, (record,) = ChunkSplitter().feed(relay.recv(1 << 20))
+        assert whole == b""
+        assert json.loads(record) == {
+            "time": pytest.approx(time.time(), abs=10),
+            "levelno": logging.WARNING,
+            "logger": "tests.task",
+            "pid": os.getpid(),
+            "message": "dropped 3 point(s)",
+            "exception": "",
+            "taskID": "cpu_alert",
+            "nodeID": "udf2",
+            "udf": "warns",
+        }
+        writer.send(point_frames(2))
+        writer.close()
+        writer.join()
+        assert read_to_the_end(relay) == (point_frames(2), [])
+
+
+def test_a_relay_that_does_not_keep_up_costs_log_records_never_a_wait_and_is_told_how_many(log_routes):
+    ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, relay:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        link = RelayedConnection(ours)
+        labels = TaskLabels(udf="warns", task_id="cpu_alert", node_id="udf2")
+        writer = Writer(link, labels)
+        link.forward_logs(log_routes, labels, writer)
+        writer.send(point_frames(20_000))  # more than the socket holds: the writer waits for the relay
+        logged = 2 * MAX_QUEUED_LOG_BYTES // 1000
+        started = time.monotonic()
+        assert not log_in_a_task(labels, "%s", "x" * 1000, times=logged).is_alive(), "logging waited for the relay"
+        assert time.monotonic() - started < 5
+        writer.close()
+        frames, records = read_to_the_end(relay)
+    assert frames == point_frames(20_000)
+    *sent, notice = records
+    assert 0 < len(sent) < logged and all(record["message"] == "x" * 1000 for record in sent)
+    assert notice["message"] == f"{logged - len(sent)} log record(s) of this task were not sent to its stderr: its relay did not keep up (the shared server's log has them)"
+    assert (notice["taskID"], notice["levelno"]) == ("cpu_alert", logging.WARNING)

@@ -11,7 +11,7 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import START_TIMEOUT, ResidentWorkers, WorkerLost, _split
+from spark_backend.resident import START_TIMEOUT, ResidentWorkers, WorkerLost, WorkerOverMemory, _split
 from spark_backend.resident_protocol import KEPT_JOBS, JobCache, describe_failure
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
@@ -61,7 +61,8 @@ def test_a_killed_worker_is_replaced_and_the_micro_batch_computed_once(spark_eng
     echoed = sorted(r.point.time for output in results["output"] for r in decode(output))
     assert echoed == sorted(p.time for p in points)  # every point, exactly once
     assert resident.launches == launches + 1
-    assert not set(victims) & set(resident.worker_pids())
+    # Only the killed worker's slot was launched again: its neighbour never noticed.
+    assert victims[0] not in resident.worker_pids() and victims[1] in resident.worker_pids()
 
 
 def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(spark_engine):
@@ -80,6 +81,12 @@ def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(
     assert results["error"].isna().all()
     assert resident.launches == launches + 1
     assert 3.0 <= elapsed < 30, elapsed
+    # The other stopped worker, killed above while idle, has its slot launched again too.
+    deadline = time.monotonic() + 60
+    while set(stuck) & set(resident.worker_pids()) or len(resident.worker_pids()) < 2:
+        assert time.monotonic() < deadline, "the killed idle worker's slot was not launched again"
+        time.sleep(0.1)
+    assert resident.launches == launches + 2
 
 
 def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(spark_engine):
@@ -109,8 +116,8 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
     again = spark_engine.run(first, tasks).to_pandas()
     assert again["error"].isna().all(), again["error"].dropna().tolist()
     assert [decode(o) for o in again["output"]] == [decode(o) for o in expected["output"]]
-    for worker in spark_engine.resident._workers:
-        assert len(worker.jobs) <= KEPT_JOBS
+    for slot in spark_engine.resident._slots:
+        assert slot.worker is None or len(slot.worker.jobs) <= KEPT_JOBS
 
 
 def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):
@@ -194,12 +201,78 @@ def test_a_worker_whose_agent_no_longer_listens_ends_quietly():
 
     with socket.create_server(("127.0.0.1", 0)) as closed:
         address = closed.getsockname()[:2]
-    (done,) = serve_slot(address, "token", iter([pd.DataFrame({"id": [1]})]))
+    (done,) = serve_slot(address, "token", 1, 1, None, iter([pd.DataFrame({"id": [1]})]))
     assert done.to_dict("records") == [{"slot": 1, "served": 0}]
     # Accepted, then closed before the welcome: the same.
     with socket.create_server(("127.0.0.1", 0)) as listener:
         closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
         closer.start()
-        (done,) = serve_slot(listener.getsockname()[:2], "token", iter([pd.DataFrame({"id": [0]})]))
+        (done,) = serve_slot(listener.getsockname()[:2], "token", 0, 1, None, iter([pd.DataFrame({"id": [0]})]))
         closer.join(5)
     assert done.to_dict("records") == [{"slot": 0, "served": 0}]
+
+
+def test_a_udf_past_its_worker_memory_fails_its_micro_batch_and_its_slot_gets_a_fresh_worker(spark_engine):
+    # On the session's third core, with a limit of its own.
+    session = spark_engine.session
+    resident = ResidentWorkers(session, 1, session.agent_host(), batch_timeout=60, worker_memory=600 << 20, first_worker_wait=START_TIMEOUT)
+    resident.start()
+    try:
+        assert resident.wait_for_workers(1, START_TIMEOUT)
+        (hoarder,) = resident.worker_pids()
+        tasks = stream_tasks(rich_points(8))
+        with pytest.raises(WorkerOverMemory) as failure:
+            resident.run(Job(sample.hoards, {"chunk_mb": 32}), tasks)
+        message = str(failure.value)
+        assert "UDF 'hoards'" in message and "past --worker-memory 600 MiB" in message and f"pid {hoarder}" in message, message
+        # Not retried (the UDF did it): one relaunch, and the fresh worker computes.
+        job = Job(moving_avg, {"field": "i", "size": 2, "as": "avg"})
+        expected = [decode(o) for o in LocalEngine().run(job, tasks).to_pandas()["output"]]
+        assert [decode(o) for o in resident.run(job, tasks).to_pandas()["output"]] == expected
+        assert resident.launches == 2 and hoarder not in resident.worker_pids()
+    finally:
+        resident.stop()
+
+
+class _Tenant:
+    def __init__(self):
+        self.waits: list[float] = []
+        self.held: list[int] = []
+
+    def slot_waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def slots_now(self, held: int) -> None:
+        self.held.append(held)
+
+
+def test_a_slow_tasks_micro_batch_leaves_its_neighbour_a_slot(spark_engine):
+    """Two tenants on two slots: the slow one holds one slot at most, so the fast one's
+    micro-batches never wait behind a slow call (before: one lock for every micro-batch)."""
+    resident = spark_engine.resident
+    slow, fast = _Tenant(), _Tenant()
+    seconds = 3.0
+    slow_job = Job(sample.sleepy, {"seconds": seconds})
+    fast_job = Job(moving_avg, {"field": "i", "size": 2, "as": "avg"})
+    tasks = stream_tasks(rich_points(16))  # four groups
+    fast.slot_waited(0.0)  # the fast tenant is active before the slow one starts
+    resident.run(fast_job, tasks, fast)
+    finished: list[float] = []
+    slow_thread = threading.Thread(target=lambda: (resident.run(slow_job, tasks, slow), finished.append(time.monotonic())), daemon=True)
+    slow_thread.start()
+    while not slow.held or slow.held[-1] == 0:
+        time.sleep(0.01)
+    trips = []
+    for _ in range(10):
+        started = time.monotonic()
+        results = resident.run(fast_job, tasks, fast).to_pandas()
+        trips.append(time.monotonic() - started)
+        assert results["error"].isna().all()
+        assert resident.held_by(slow) <= 1
+    slow_thread.join(4 * seconds * 4)
+    assert finished, "the slow micro-batch did not finish"
+    # Every fast micro-batch finished before any slow call could have ended twice: none of
+    # them waited for one.
+    assert max(trips) < seconds, trips
+    assert max(slow.held) == 1, slow.held
+    assert sum(trips) < 4 * seconds  # the slow one (four calls on one slot) was still going

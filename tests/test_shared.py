@@ -23,8 +23,9 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from benchmarks.driver import java_descendants
+from benchmarks.driver import descendants, java_descendants
 from udf_agent import udf_pb2
 from udf_agent.runtime.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver, grouped_point, option
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.integration
 SECOND = 1_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELAYED = "tests.udfs.sample:local_echo"
+WARNS = "tests.udfs.sample:warns"
 
 
 @pytest.fixture
@@ -223,6 +225,33 @@ def test_an_idle_server_exits_by_itself_and_removes_its_socket_and_logs_as_the_t
     del server
 
 
+def test_a_relayed_tasks_log_lines_are_on_its_own_stderr_in_the_format_it_asked_for(drivers, shared_dir):
+    """Kapacitor keeps a UDF's stderr under its task: what the server logs for a task reaches
+    that task's stderr (and no other's), as its own --log-format says; the server's log keeps it."""
+    env = shared_env(shared_dir)
+    as_json = drivers("run", WARNS, "--log-format", "json", env=env, cwd=ROOT)
+    assert as_json.init(task_id="cpu_alert", node_id="udf2", timeout=60).success, as_json.log()
+    as_text = drivers("run", WARNS, env=env, cwd=ROOT)
+    assert as_text.init(task_id="mem_alert", node_id="udf7", timeout=60).success, as_text.log()
+    assert echo(as_json, 0).time == 0 and echo(as_text, SECOND).time == SECOND
+    (server,) = shared_server_pids(shared_dir)
+    as_json.process.send_signal(signal.SIGTERM)  # the relay says so in a line of its own
+    assert as_json.process.wait(30) == 0 and as_text.close(timeout=30) == 0
+    json_lines = [json.loads(line) for line in as_json.log().splitlines()]
+    assert all("taskID" in line and "nodeID" in line for line in json_lines)
+    (warned,) = [line for line in json_lines if line["message"].startswith("warns:")]
+    assert warned["message"] == "warns: 1 point(s) for task cpu_alert"
+    assert (warned["level"], warned["logger"], warned["taskID"], warned["nodeID"], warned["udf"], warned["pid"]) == ("warning", "tests.udfs.sample", "cpu_alert", "udf2", "warns", server)
+    (stopping,) = [line for line in json_lines if "SIGTERM received" in line["message"]]
+    assert (stopping["taskID"], stopping["nodeID"], stopping["pid"]) == ("cpu_alert", "udf2", as_json.process.pid)
+    assert "mem_alert" not in as_json.log()
+    assert f"udf-agent[{server}] WARNING tests.udfs.sample: [task=mem_alert node=udf7 udf=warns] warns: 1 point(s) for task mem_alert" in as_text.log().splitlines()
+    assert "cpu_alert" not in as_text.log()
+    (log,) = [name for name in os.listdir(shared_dir) if name.endswith(".log")]
+    server_lines = [json.loads(line) for line in open(os.path.join(shared_dir, log)).read().splitlines()]  # the first task's format
+    assert sorted(line["taskID"] for line in server_lines if line["message"].startswith("warns:")) == ["cpu_alert", "mem_alert"]
+
+
 def test_a_directory_others_may_enter_is_refused_with_the_fix(drivers, shared_dir):
     os.chmod(shared_dir, 0o755)
     task = drivers("run", RELAYED, env=shared_env(shared_dir), cwd=ROOT)
@@ -322,3 +351,173 @@ def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
         assert task.close(timeout=60) == 0
     (server,) = shared_server_pids(shared_dir)
     assert len(java_descendants(server)) == 1  # one JVM for both tasks
+
+
+# ---------------------------------------------------------------- metrics: the server's, the dashboard's
+
+DASHBOARD = os.path.join(ROOT, "deploy", "grafana", "udf-agent.json")
+# Every task of this section joins the one server: the same Spark settings.
+SPARK_SETTINGS = ("--master", "local[2]", "--no-local-while-starting")
+# A task's options that a server takes from the task that starts it.
+OTHER_SERVER_OPTIONS = ("--metrics-address", "127.0.0.1:9200", "--shared-idle-exit", "1h")
+
+
+class MetricsServer:
+    """A shared server started by a moving_avg task with --metrics-address, which keeps
+    running there, computed on Spark."""
+
+    def __init__(self, directory: str, task: KapacitorDriver, url: str):
+        self.directory, self.task, self.url = directory, task, url
+        self.env = shared_env(directory)
+
+
+@pytest.fixture(scope="module")
+def metrics_server():
+    """One server and one JVM for the tests of this section."""
+    directory = tempfile.mkdtemp(prefix="uas-")
+    task = KapacitorDriver("run", "moving_avg", *SPARK_SETTINGS, "--metrics-address", "127.0.0.1:0", env=shared_env(directory), cwd=ROOT)
+    try:
+        assert task.init(option("field", "value"), option("size", 2), task_id="cpu_alert", node_id="udf2", timeout=60).success, task.log()
+        for i in range(4):
+            task.send(udf_pb2.Request(point=grouped_point(i * SECOND, "a", float(i))))
+        task.responses.wait_for("point", 4, timeout=180)
+        (log,) = [name for name in os.listdir(directory) if name.endswith(".log")]
+        url = re.search(r"metrics at (http://\S+/metrics)", open(os.path.join(directory, log)).read()).group(1)
+        yield MetricsServer(directory, task, url)
+    finally:
+        task.kill()
+        for pid in shared_server_pids(directory):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def resident_mb(pid: int) -> float:
+    """A process's RSS; 0 for a zombie (Spark leaves a few) or a process gone meanwhile."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:")), 0.0)
+    except OSError:
+        return 0.0
+
+
+def scrape(url: str) -> dict[str, list[Sample]]:
+    """Every sample of a Prometheus scrape, by sample name (``..._bucket``, ``..._total``)."""
+    samples: dict[str, list[Sample]] = {}
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        for family in text_string_to_metric_families(answer.read().decode()):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def dashboard_selectors(dashboard: dict) -> list[tuple[str, str, set[str]]]:
+    """Every series selector the dashboard queries, its panels' and its variables': (where,
+    metric name, the labels it matches on or is summed by)."""
+    queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":  # label_values(SELECTOR, LABEL): Grafana's, around PromQL
+            queries.append((f"variable {variable['name']}", re.fullmatch(r"label_values\((.+), *\w+\)", variable["query"]).group(1)))
+    return [(where, name, labels) for where, query in queries for name, labels in promql_selectors(query)]
+
+
+def promql_selectors(query: str) -> list[tuple[str, set[str]]]:
+    """(metric name, labels matched on or kept by an enclosing ``sum by``) of each series
+    selector of a Grafana query, parsed as PromQL once Grafana's variables are made values."""
+    import promql_parser
+
+    query = re.sub(r"\$__(rate_interval|interval|range)\b", "1m", query)
+    query = re.sub(r"\$\w+", ".*", query)
+    expression = promql_parser.parse(query)
+    kept_by: dict[str, set[str]] = {}  # a selector's text -> the labels aggregations around it keep
+
+    def keep_grouping(node) -> None:
+        if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None and node.modifier.type == promql_parser.AggModifierType.By:
+            for inner in selectors_under(node.expr):
+                kept_by.setdefault(str(inner), set()).update(node.modifier.labels)
+
+    promql_parser.walk(expression, keep_grouping)
+    return [(node.name, {matcher.name for matcher in node.matchers.matchers} | kept_by.get(str(node), set())) for node in selectors_under(expression)]
+
+
+def selectors_under(expression) -> list:
+    import promql_parser
+
+    found: list = []
+    promql_parser.walk(expression, lambda node: found.append(node) if isinstance(node, promql_parser.VectorSelector) else None)
+    return found
+
+
+@pytest.mark.spark
+def test_every_metric_the_dashboard_queries_is_served_with_the_labels_it_selects_on(metrics_server):
+    with open(DASHBOARD) as f:
+        dashboard = json.load(f)
+    panels = [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+    assert panels and all(panel["targets"] for panel in panels)
+    # Importable as it is, or provisioned: the Prometheus data source is a variable.
+    assert {json.dumps(target["datasource"]) for panel in panels for target in panel["targets"]} == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
+    samples = scrape(metrics_server.url)
+    selectors = dashboard_selectors(dashboard)
+    assert {name for _, name, _ in selectors} >= {"udf_agent_compute_seconds_bucket", "process_resident_memory_bytes"}
+    missing = []
+    for where, name, labels in selectors:
+        wanted = labels - {"instance", "job"}  # Prometheus's own, given each scraped series
+        if "task" in wanted:  # a per-task metric: the running task's series must be there
+            served = [sample.labels for sample in samples.get(name, []) if sample.labels.get("task") == "cpu_alert"]
+        else:
+            served = [sample.labels for sample in samples.get(name, [])]
+        if not any(wanted <= labels.keys() for labels in served):
+            missing.append(f"{where}: {name}" + (f" with labels {sorted(wanted)}" if wanted else ""))
+    assert not missing, "queried by the dashboard but not served:\n" + "\n".join(missing)
+
+
+@pytest.mark.spark
+def test_the_server_reports_the_memory_of_its_whole_tree_its_jvm_and_workers_included(metrics_server):
+    (server,) = shared_server_pids(metrics_server.directory)
+    assert java_descendants(server)
+    measured = sum(resident_mb(pid) for pid in [server, *descendants(server)])
+    samples = scrape(metrics_server.url)
+    ((reported,), (own,)) = ([s.value / 2**20 for s in samples[name]] for name in ("udf_agent_process_tree_resident_memory_bytes", "process_resident_memory_bytes"))
+    assert abs(reported - measured) < 0.1 * measured, (reported, measured)
+    assert reported > own + 100  # the JVM's few hundred MB, at least
+
+
+@pytest.mark.spark
+def test_a_task_asking_a_running_server_for_another_metrics_address_or_idle_exit_is_told_once(metrics_server, drivers):
+    served = f"metrics are served by the shared server at {metrics_server.url} (this task's --metrics-address 127.0.0.1:9200 is not used)"
+    idle = "the shared server exits after 600 s without tasks (this task's --shared-idle-exit 3600 s is not used)"
+    asking = drivers("run", RELAYED, *SPARK_SETTINGS, *OTHER_SERVER_OPTIONS, env=metrics_server.env, cwd=ROOT)
+    assert asking.init(timeout=60).success, asking.log()
+    assert asking.close(timeout=30) == 0
+    assert asking.log().count(served) == 1 and asking.log().count(idle) == 1, asking.log()
+    # The same command line again joins as remembered, without parsing it: told all the same.
+    again = KapacitorDriver.command([sys.executable, "-X", "importtime", "-m", "udf_agent", "run", RELAYED, *SPARK_SETTINGS, *OTHER_SERVER_OPTIONS], env=metrics_server.env, cwd=ROOT)
+    try:
+        assert again.init(timeout=60).success, again.log()
+        assert again.close(timeout=30) == 0
+    finally:
+        again.kill()
+    assert not imported(again, "click")
+    assert again.log().count(served) == 1 and again.log().count(idle) == 1, again.log()
+    # What the server does, or nothing asked: nothing to say.
+    for options in (("--metrics-address", "127.0.0.1:0", "--shared-idle-exit", "10m"), ()):
+        content = drivers("run", RELAYED, *SPARK_SETTINGS, *options, env=metrics_server.env, cwd=ROOT)
+        assert content.init(timeout=60).success, content.log()
+        assert content.close(timeout=30) == 0
+        assert "is not used" not in content.log()
+    assert "is not used" not in metrics_server.task.log()
+    assert len(shared_server_pids(metrics_server.directory)) == 1
+
+
+def test_a_task_asking_for_metrics_of_a_server_that_serves_none_is_told_so(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    first = drivers("run", RELAYED, env=env, cwd=ROOT)
+    assert first.init(timeout=60).success, first.log()
+    asking = drivers("run", RELAYED, "--metrics-address", "127.0.0.1:9200", env=env, cwd=ROOT)
+    assert asking.init(timeout=60).success, asking.log()
+    assert asking.close(timeout=30) == 0
+    notice = "the shared server serves no metrics: the task that started it gave no --metrics-address (this task's --metrics-address 127.0.0.1:9200 is not used)"
+    assert asking.log().count(notice) == 1, asking.log()
+    assert len(shared_server_pids(shared_dir)) == 1

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from udf_agent.api import UDFSpec
     from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.engines import Engines
-    from udf_agent.runtime.shared import Welcome
+    from udf_agent.runtime.logs import TaskLogRoutes
+    from udf_agent.runtime.shared import ServerOptions, Welcome
     from udf_agent.runtime.transports import SocketConnection
 
 CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
@@ -42,6 +43,26 @@ class DurationType(click.ParamType[float]):
         if seconds <= 0:
             self.fail("must be greater than zero", param, ctx)
         return seconds
+
+
+class ByteSizeType(click.ParamType[int]):
+    """A size such as 512m, 4g or 1500000 (bytes); 0 for none."""
+
+    name = "size"
+    UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        number, unit = text.rstrip("kmgt"), text[len(text.rstrip("kmgt")) :]
+        try:
+            size = float(number) * self.UNITS[unit]
+        except (ValueError, KeyError):
+            self.fail(f"{value!r} is not a size (examples: 512m, 4g, 0 for no limit)", param, ctx)
+        if size < 0:
+            self.fail("must not be negative", param, ctx)
+        return int(size)
 
 
 class ErrorPolicyType(click.ParamType[tuple[str, "str | None"]]):
@@ -131,7 +152,7 @@ _log_format_option = click.option(
     type=click.Choice(["text", "json"]),
     default="text",
     show_default=True,
-    help="How stderr lines look: 'json' writes one JSON object a line (time, level, pid, logger, taskID, nodeID, udf, message, exception) for log pipelines; Kapacitor copies a UDF's stderr into its own log either way. A line logged for a task names it. A shared Spark server logs, to its own file, in the format of the task that started it.",
+    help="How stderr lines look: 'json' writes one JSON object a line (time, level, pid, logger, taskID, nodeID, udf, message, exception) for log pipelines; Kapacitor copies a UDF's stderr into its own log either way. A line logged for a task names it. A shared Spark server logs, to its own file, in the format of the task that started it, and sends each task what it logs for that task, which the task's process logs on its stderr in the task's own format (and at its --log-level, down to info).",
 )
 
 
@@ -154,10 +175,11 @@ def _metrics_option(help_text: str) -> Callable[[CommandFunction], CommandFuncti
 _SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task (labels task, node, udf) points received and sent, micro-batches, compute and keepalive-answer time histograms, points skipped, dead-lettered and dropped at a stop, groups, output queued; Spark workers connected and their launches; the process's CPU and memory."
 
 
-def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> None:
-    """Starts the metrics endpoint, or stops the command with one line saying why it cannot."""
+def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> str | None:
+    """Starts the metrics endpoint and returns its URL, or stops the command with one line
+    saying why it cannot."""
     if address is None:
-        return
+        return None
     import logging
 
     from udf_agent.runtime.metrics import MetricsError, serve_metrics
@@ -166,7 +188,9 @@ def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], descr
         host, port = serve_metrics(address, agents, describe)
     except MetricsError as exc:
         raise click.ClickException(str(exc)) from None
-    logging.getLogger("udf_agent.cli").info("metrics at http://%s:%d/metrics", host, port)
+    url = f"http://{host}:{port}/metrics"
+    logging.getLogger("udf_agent.cli").info("metrics at %s", url)
+    return url
 
 
 def _compute_options(function: CommandFunction) -> CommandFunction:
@@ -178,6 +202,7 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
         click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
         click.option("--resident-slots", type=click.IntRange(min=1), default=None, help="Resident workers to launch, each holding one Spark core for as long as it lives.  [default: the cores the application has: N of local[N]; spark.cores.max on a cluster (1 on a standalone cluster unless --conf spark.cores.max=N); 1 on Spark Connect, whose cores every client shares]"),
         click.option("--resident-idle", type=DurationType(), default="30s", show_default=True, help="Resident workers that get no micro-batch for this long end, giving their cores back to Spark (and on a standalone cluster their executor back to the cluster, 10 s later). The next micro-batch relaunches them: on an embedded Spark it waits about a second for them; on a cluster or Spark Connect it runs as a Spark job (0.2-0.5 s, more while an executor starts) until they connect. State lives in the agent: nothing is lost."),
+        click.option("--worker-memory", type=ByteSizeType(), default=None, help="Resident memory a resident Spark Python worker may reach while it computes (512m, 4g; 0: no limit). Past it the worker ends, its micro-batch fails with an error saying so (retried never: the UDF did it), and a fresh worker takes its slot: a UDF that allocates without bound costs its own task, not the host's JVM or shared server to the out-of-memory killer. Embedded Spark and standalone clusters whose executors run Linux.  [default: half the host's memory shared by the resident slots, at least 1g]"),
         click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),
         click.option("--local-max-points", type=click.IntRange(min=0), default=0, show_default=True, help="Micro-batches of at most this many points are computed in the agent process instead of on Spark. 0: all on Spark once it is up."),
         click.option("--flush-interval", type=DurationType(), default="500ms", show_default=True, help="Longest time a point waits in a micro-batch."),
@@ -208,7 +233,7 @@ def _load(target: str) -> UDFSpec:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
 
-def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, resident_slots: int | None = None, resident_idle: float = 30.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None) -> Engines:
+def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: str = "resident", batch_timeout: float = 60.0, resident_slots: int | None = None, resident_idle: float = 30.0, local_while_starting: bool | None = None, local_max_points: int = 0, remote: str | None = None, worker_memory: int | None = None) -> Engines:
     from udf_agent.runtime.engines import Engines
 
 
@@ -216,7 +241,7 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote))
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote, worker_memory=worker_memory))
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
@@ -228,7 +253,7 @@ def _engines(master: str, confs: tuple[tuple[str, str], ...], spark_dispatch: st
 # need not import the built-ins to know.
 SPARK_FREE_BUILTINS = frozenset({"mirror"})
 
-_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote")
+_ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote", "worker_memory")
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -295,9 +320,11 @@ def main() -> None:
     type=DurationType(),
     default="10m",
     show_default=True,
-    help="A shared Spark server this task starts exits after serving no task for this long.",
+    help="A shared Spark server this task starts exits after serving no task for this long. A server already up keeps its own: if this option is given and differs, this task says so on its stderr.",
 )
-@_metrics_option("Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts (a server already up keeps its own), or with --own-spark (and for mirror, which runs in the task's process) from this task's process.")
+@_metrics_option(
+    "Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts, or with --own-spark (and for mirror, which runs in the task's process) from this task's process. A shared server already up serves the metrics of every task on it where the task that started it asked (or none): if that is not HOST:PORT, this task says so on its stderr."
+)
 def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, metrics_address: str | None, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
 
@@ -311,7 +338,14 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     if not own_spark and target not in SPARK_FREE_BUILTINS:
         settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
         server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
-        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format, server_args)
+        from click.core import ParameterSource
+
+        from udf_agent.runtime.shared import ServerOptions
+
+        # What the command line gave: a task that gave no --shared-idle-exit asks none of a server already up.
+        idle_exit_given = click.get_current_context().get_parameter_source("shared_idle_exit") is not ParameterSource.DEFAULT
+        asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
+        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format, server_args, asked_of_server)
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
@@ -329,7 +363,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     _exit(code, engines)
 
 
-def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str, server_args: list[str]) -> NoReturn:
+def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str, server_args: list[str], asked_of_server: ServerOptions) -> NoReturn:
     """The task as a relay to the shared Spark server (started if none is up); exits. The
     launch is remembered for the next task started with this command line (see entry.py)."""
     from udf_agent.runtime.relay import relay_stdio
@@ -342,10 +376,10 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
         server = locate(settings)
         welcome = join(server, settings, idle_exit, hello, server_args)
         if isinstance(argv, list):
-            remember_launch(argv, Launch(server, hello, log_level, log_format))
+            remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server))
         return welcome
 
-    relay_stdio(join_server, log_level, log_format)
+    relay_stdio(join_server, log_level, log_format, asked_of_server)
 
 
 @main.command(cls=_TargetCommand)
@@ -411,8 +445,9 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     $XDG_RUNTIME_DIR/udf-agent, else /tmp/udf-agent-UID), logs to the .log file beside
     its socket, and exits after --idle-exit with no task."""
     import json
+    import logging
 
-    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.logs import TaskLogRoutes, configure_logging
     from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
 
     try:
@@ -421,15 +456,20 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not the settings 'run' passes: {exc}", param_hint="--settings") from None
     configure_logging(log_level, log_format)
+    log_routes = TaskLogRoutes()  # each task's records to its relay as well
+    logging.getLogger().addHandler(log_routes)
+    sessions = _SharedSessions(engines, os.path.splitext(os.path.abspath(socket_path))[0] + ".log", log_routes, idle_exit)
     server = UnixSocketServer(
         socket_path,
-        _SharedSessions(engines, os.path.splitext(os.path.abspath(socket_path))[0] + ".log"),
+        sessions,
         mode=0o600,
         max_connections=max_connections,
         idle_exit=idle_exit,
         describe=lambda: {"kind": "shared-server", **engines.describe()},
     )
-    _serve_metrics(metrics_address, server.agents, engines.describe)
+    metrics_url = _serve_metrics(metrics_address, server.agents, engines.describe)
+    if metrics_address is not None and metrics_url is not None:
+        sessions.metrics = (metrics_address, metrics_url)
     try:
         server.bind()
     except SocketServerError as exc:
@@ -443,9 +483,13 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
 class _SharedSessions:
     """The shared server's sessions: each connection names its target and options first."""
 
-    def __init__(self, engines: Engines, log_path: str):
+    def __init__(self, engines: Engines, log_path: str, log_routes: TaskLogRoutes, idle_exit: float):
         self._engines = engines
         self._log_path = log_path
+        self._log_routes = log_routes
+        self._idle_exit = idle_exit
+        # (--metrics-address, the URL it is served at), once it is; before the first task connects.
+        self.metrics: tuple[str, str] | None = None
 
     def __call__(self, connection: SocketConnection) -> Agent:
         import json
@@ -465,10 +509,15 @@ class _SharedSessions:
             message = exc.format_message() if isinstance(exc, click.ClickException) else f"not a task's handshake: {exc!r}"
             connection.write(answer_line({"error": message}))
             raise SessionRefused(message) from None
-        connection.write(answer_line({"pid": os.getpid(), "log": self._log_path}))
+        metrics_address, metrics_url = self.metrics or (None, None)
+        # How the task that started this server set it up: the relay tells a task that asked otherwise.
+        connection.write(answer_line({"pid": os.getpid(), "log": self._log_path, "metrics_address": metrics_address, "metrics_url": metrics_url, "idle_exit": self._idle_exit}))
         from udf_agent.runtime.relay_link import RelayedConnection
 
-        return Agent(spec, RelayedConnection(connection.sock), self._engines, config)
+        link = RelayedConnection(connection.sock)
+        agent = Agent(spec, link, self._engines, config)
+        link.forward_logs(self._log_routes, agent.labels, agent.writer)
+        return agent
 
     def _spec(self, target: str) -> UDFSpec:
         """The target's UDF; a module of the user's changed on disk since is imported afresh,

@@ -30,4 +30,4 @@ def _rejoin_remembered(argv: list[str]) -> None:
     except SharedServerError:
         return  # the command line's own path meets the same fault and reports it
     if launch is not None and welcome is not None:
-        relay_stdio(lambda: welcome, launch.log_level, launch.log_format)
+        relay_stdio(lambda: welcome, launch.log_level, launch.log_format, launch.asked_of_server)

@@ -1,6 +1,7 @@
 """UDFs used by the tests, loaded as TARGETs the way users load theirs."""
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -30,6 +31,13 @@ def slow_local(df, ctx):
 @stream_udf(compute=False)
 def local_echo(df, ctx):
     """Echoes every point through the compute path, without Spark (mirror forwards frames instead)."""
+    return df
+
+
+@stream_udf(compute=False)
+def warns(df, ctx):
+    """Logs a warning naming its task and the points it got, then echoes, without Spark."""
+    logging.getLogger(__name__).warning("warns: %d point(s) for task %s", len(df), ctx.task_id)
     return df
 
 
@@ -183,3 +191,20 @@ def where_from(df, ctx):
 def batch_where_from(df, ctx):
     """The same for a batch."""
     return df.assign(database=ctx.database, task=ctx.task_id, node=ctx.node_id)[["time", "database", "task", "node"]]
+
+
+@stream_udf()
+def segfaults(df, ctx):
+    """Crashes the Python process it runs in with SIGSEGV, on every call."""
+    import ctypes
+
+    ctypes.string_at(0)
+    return df
+
+
+@stream_udf(options=[Option("chunk_mb", int, default=64)])
+def hoards(df, ctx):
+    """Allocates without bound (memory it touches, so it is resident) until something stops it."""
+    hoard = []
+    while True:
+        hoard.append(b"\x01" * (ctx.options["chunk_mb"] << 20))

@@ -22,6 +22,17 @@ class EngineStartError(RuntimeError):
     do, and a traceback would add nothing to it."""
 
 
+class Tenant(Protocol):
+    """A task as an engine shared by many tasks sees it: slots are shared out per tenant,
+    and its waits and holdings are counted here (the task's metrics and status)."""
+
+    def slot_waited(self, seconds: float) -> None:
+        """A part of its micro-batch waited ``seconds`` for a slot."""
+
+    def slots_now(self, held: int) -> None:
+        """It holds ``held`` slots from now on."""
+
+
 class Engine(Protocol):
     @property
     def name(self) -> str:
@@ -32,8 +43,9 @@ class Engine(Protocol):
     def ready(self) -> bool:
         """Whether ``run`` would start at once (not wait for the engine to start)."""
 
-    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
-        """Tasks of ``compute.contract.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task order."""
+    def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
+        """Tasks of ``compute.contract.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out,
+        in task order; ``tenant``, the task whose they are, for an engine that shares slots."""
 
     def stop(self) -> None: ...
 
@@ -49,7 +61,7 @@ class LocalEngine:
     def ready(self) -> bool:
         return True
 
-    def run(self, job: Job, tasks: pa.Table) -> pa.Table:
+    def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
         from udf_agent.compute.run import compute_tasks
 
         return compute_tasks(job, tasks)

@@ -331,7 +331,17 @@ class Agent:
         """The task as ``udf-agent status`` shows it."""
         found = self.stats.snapshot()
         found["points_out"] += self._passed_out
+        found["falling_behind"] = self.falling_behind()
         return {"taskID": self.labels.task_id, "nodeID": self.labels.node_id, "udf": self.labels.udf, **found, "groups": len(self.groups)}
+
+    def falling_behind(self) -> bool:
+        """Whether this task's input waits for compute longer than it may gather (``TaskStats``)."""
+        with self._cond:
+            opened = [item.batch.opened_at for item in self._work if isinstance(item, Compute)]
+            pending = self.session.pending_batch_opened_at()
+        if pending is not None:
+            opened.append(pending)
+        return self.stats.falling_behind(time.monotonic(), min(opened, default=None), self.config.flush_interval)
 
     @property
     def initialized(self) -> bool:
@@ -541,6 +551,7 @@ class Agent:
             task_tables = batch_task_runs(batch, self.groups)
         engine = self.engines.engine_for(spec, batch.count)
         started = time.monotonic()
+        self.stats.micro_batch_taken(started - batch.opened_at)
         self._computing = batch.count
         done = _Computed()
         try:
@@ -574,7 +585,7 @@ class Agent:
         """Runs one task table and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
         try:
-            results = engine.run(job, tasks)
+            results = engine.run(job, tasks, self.stats)
         except Exception as exc:
             if isinstance(exc, EngineStartError):
                 log.error("compute engine failed: %s", exc)

@@ -65,6 +65,7 @@ class Engines:
         if resident is not None:
             found["resident_workers"] = len(resident.worker_pids())
             found["resident_launches"] = resident.launches
+            found["resident_worker_losses"] = resident.worker_losses
         return found
 
     def stop(self) -> None:

@@ -6,6 +6,10 @@ Kapacitor logs a process UDF's stderr line by line, and a single line over
 A line logged on behalf of a task (by its agent's threads) names the task: Kapacitor's task and
 node IDs from its InitRequest, and the UDF. A server with many tasks (``serve``, the shared
 server) would otherwise log lines no one can attribute.
+
+The shared server also hands each relayed task's records to that task's relay
+(``TaskLogRoutes``, ``forwarded_record``), which logs them on the task's own stderr
+(``log_forwarded``), in the format and at the level of the task's own command line.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class _TaskFilter(logging.Filter):
     """Gives every record the labels of the task whose thread logs it (empty otherwise)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.task = _current_task.get() or _NO_TASK
+        if not hasattr(record, "task"):  # a record a shared server forwarded names its task already
+            record.task = _current_task.get() or _NO_TASK
         return True
 
 
@@ -93,9 +98,17 @@ class _JsonFormatter(logging.Formatter):
             "udf": task.udf,
             "message": _cut(record.getMessage()),
         }
-        if record.exc_info:
-            entry["exception"] = _cut(self.formatException(record.exc_info))
+        exception = _exception_text(record)
+        if exception:
+            entry["exception"] = _cut(exception)
         return json.dumps(entry, ensure_ascii=False)
+
+
+def _exception_text(record: logging.LogRecord) -> str:
+    """The traceback a record carries: formatted already (a forwarded record's), or from its exc_info."""
+    if record.exc_text:
+        return record.exc_text
+    return logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
 
 
 def _not_py4j_chatter(record: logging.LogRecord) -> bool:
@@ -142,7 +155,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     if log_format == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(_TextFormatter(f"udf-agent[{os.getpid()}] %(levelname)s %(name)s: %(task_text)s%(message)s"))
+        handler.setFormatter(_TextFormatter("udf-agent[%(process)d] %(levelname)s %(name)s: %(task_text)s%(message)s"))
     handler.addFilter(_TaskFilter())
     handler.addFilter(_not_py4j_chatter)
     root = logging.getLogger()
@@ -150,3 +163,80 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     root.setLevel(level.upper())
     # Spark's py4j client is chatty at INFO.
     logging.getLogger("py4j").setLevel(max(logging.WARNING, root.level))
+
+
+class TaskLogRoutes(logging.Handler):
+    """The shared server's handler that hands each record a task's thread logs to that
+    task's route (its relay's link), as ``forwarded_record``. Records of no task's thread
+    (Spark's JVM, the resident workers' common events) go to no route: the server's log has
+    them, as it has every record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addFilter(_not_py4j_chatter)
+        self._routes: dict[TaskLabels, Callable[[bytes], None]] = {}
+
+    def add(self, labels: TaskLabels, route: Callable[[bytes], None]) -> None:
+        """Records logged by the threads of the task of ``labels`` go to ``route`` (which must not block)."""
+        self._routes[labels] = route
+
+    def remove(self, labels: TaskLabels) -> None:
+        self._routes.pop(labels, None)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        labels = _current_task.get()
+        route = None if labels is None else self._routes.get(labels)
+        if labels is None or route is None:
+            return
+        try:
+            route(forwarded_record(record, labels))
+        except Exception:
+            self.handleError(record)
+
+
+def forwarded_record(record: logging.LogRecord, labels: TaskLabels) -> bytes:
+    """``record``, logged for the task of ``labels``, as the shared server sends it to that
+    task's relay: one JSON object, formatted there (``log_forwarded``)."""
+    import json
+
+    return json.dumps(
+        {
+            "time": record.created,
+            "levelno": record.levelno,
+            "logger": record.name,
+            "pid": record.process,
+            "message": _cut(record.getMessage()),
+            "exception": _cut(_exception_text(record)),
+            "taskID": labels.task_id,
+            "nodeID": labels.node_id,
+            "udf": labels.udf,
+        },
+        ensure_ascii=False,
+    ).encode()
+
+
+def log_forwarded(data: bytes, labels: TaskLabels) -> None:
+    """A record the shared server forwarded (``forwarded_record``), logged by this relay as
+    its own would be: in this process's format, if its level is enabled here. ``labels`` (the
+    relay's own lines') take the task's IDs from it, so those lines name the task once it has
+    them (from Init on)."""
+    import json
+
+    entry = json.loads(data)
+    labels.udf, labels.task_id, labels.node_id = entry["udf"], entry["taskID"], entry["nodeID"]
+    root = logging.getLogger()
+    if not root.isEnabledFor(entry["levelno"]):
+        return
+    record = logging.makeLogRecord(
+        {
+            "name": entry["logger"],
+            "levelno": entry["levelno"],
+            "levelname": logging.getLevelName(entry["levelno"]),
+            "msg": entry["message"],
+            "created": entry["time"],
+            "process": entry["pid"],
+            "exc_text": entry["exception"] or None,
+            "task": TaskLabels(entry["udf"], entry["taskID"], entry["nodeID"]),
+        }
+    )
+    root.handle(record)

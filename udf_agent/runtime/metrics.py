@@ -7,6 +7,7 @@ twice and a task that ended leaves the scrape with its session.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,9 @@ class _TasksCollector:
         queued = GaugeMetricFamily("udf_agent_output_queued_bytes", "Output waiting to be written to Kapacitor", labels=TASK_LABELS)
         compute = HistogramMetricFamily("udf_agent_compute_seconds", "Time to compute a micro-batch, from taking it to queueing its output", labels=TASK_LABELS)
         keepalive = HistogramMetricFamily("udf_agent_keepalive_answer_seconds", "From Kapacitor's stamp on a keepalive to its answer queued first", labels=TASK_LABELS)
+        slot_wait = HistogramMetricFamily("udf_agent_slot_wait_seconds", "Time a part of a micro-batch waited for a resident slot of the shared engine", labels=TASK_LABELS)
+        slots_held = GaugeMetricFamily("udf_agent_slots_held", "Resident slots the task holds now", labels=TASK_LABELS)
+        behind = GaugeMetricFamily("udf_agent_falling_behind", "1 while the task's input waits for compute longer than it may gather (a slow UDF or a busy engine)", labels=TASK_LABELS)
         for agent in self._agents():
             labels = [agent.labels.task_id, agent.labels.node_id, agent.labels.udf]
             stats = agent.stats
@@ -71,13 +75,53 @@ class _TasksCollector:
             queued.add_metric(labels, agent.writer.queued_bytes)
             compute.add_metric(labels, stats.compute_seconds.cumulative(), stats.compute_seconds.sum)
             keepalive.add_metric(labels, stats.keepalive_seconds.cumulative(), stats.keepalive_seconds.sum)
-        yield from (received, sent, batches, skipped, dead_lettered, dropped, groups, queued, compute, keepalive)
+            slot_wait.add_metric(labels, stats.slot_wait_seconds.cumulative(), stats.slot_wait_seconds.sum)
+            slots_held.add_metric(labels, stats.slots_held)
+            behind.add_metric(labels, int(agent.falling_behind()))
+        yield from (received, sent, batches, skipped, dead_lettered, dropped, groups, queued, compute, keepalive, slot_wait, slots_held, behind)
         spark = self._describe()
         workers = GaugeMetricFamily("udf_agent_spark_workers_connected", "Spark's resident Python workers connected to this process")
         workers.add_metric([], spark.get("resident_workers", 0))
         launches = CounterMetricFamily("udf_agent_spark_worker_launches", "Launches of the resident workers (the first, then each relaunch)")
         launches.add_metric([], spark.get("resident_launches", 0))
-        yield from (workers, launches)
+        losses = CounterMetricFamily("udf_agent_resident_worker_losses", "Resident workers lost while computing or serving (crashed, killed, stuck past --batch-timeout, over --worker-memory)")
+        losses.add_metric([], spark.get("resident_worker_losses", 0))
+        yield from (workers, launches, losses)
+
+
+class _ProcessTreeMemoryCollector:
+    """Resident memory of this process and all its descendants: Spark's JVM and its Python
+    workers are child processes, which the default process collector does not count."""
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        tree = GaugeMetricFamily("udf_agent_process_tree_resident_memory_bytes", "Resident memory of this process and its descendants (Spark's JVM and Python workers)")
+        tree.add_metric([], process_tree_resident_bytes(os.getpid()))
+        yield tree
+
+
+def process_tree_resident_bytes(pid: int) -> int:
+    """RSS of ``pid`` and every descendant, from /proc (pages shared between them are
+    counted in each). A few small reads per process: cheap enough for every scrape."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    pending = [pid]
+    while pending:
+        process = pending.pop()
+        try:  # any of these reads fails for a process or thread that ended meanwhile
+            with open(f"/proc/{process}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * page
+            threads = os.listdir(f"/proc/{process}/task")
+        except OSError:
+            continue
+        for thread in threads:  # a child is listed under the thread that started it
+            try:
+                with open(f"/proc/{process}/task/{thread}/children", "rb") as children:
+                    pending.extend(int(child) for child in children.read().split())
+            except OSError:
+                pass
+    return total
 
 
 def serve_metrics(address: str, agents: Callable[[], list[Agent]], describe: Callable[[], dict[str, Any]]) -> tuple[str, int]:
@@ -88,6 +132,7 @@ def serve_metrics(address: str, agents: Callable[[], list[Agent]], describe: Cal
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(_TasksCollector(agents, describe))
+    registry.register(_ProcessTreeMemoryCollector())
     try:
         server, _ = start_http_server(port, host, registry=registry)
     except (OSError, socket.gaierror) as exc:

@@ -3,7 +3,8 @@
 Imports neither pandas nor numpy (a relay holds ~20 MB) and never parses a request: the
 server's agent speaks the protocol. Output is passed on in whole frames only (the server sends
 them in chunks, ``relay_link``), so that if the server dies mid-write the task's last frame is
-still a well-formed ErrorResponse that says so.
+still a well-formed ErrorResponse that says so. What the server logs for the task comes along
+and is logged on the task's stderr, in the task's own format: Kapacitor keeps it under the task.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
-from udf_agent.runtime.logs import configure_logging
+from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.relay_link import ChunkSplitter
-from udf_agent.runtime.shared import SharedServerError, Welcome, server_alive
+from udf_agent.runtime.shared import ServerOptions, SharedServerError, Welcome, options_not_used, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
 from udf_agent.wire.frames import FrameSplitter
 
@@ -39,11 +40,15 @@ STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
 
 
-def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str = "text") -> NoReturn:
+def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions) -> NoReturn:
     """The task's process as a relay: claims stdin and stdout, joins its server with
-    ``join`` and relays until the server closes the task's connection; exits."""
+    ``join`` (saying what of ``asked_of_server`` that server, started earlier, does otherwise)
+    and relays until the server closes the task's connection; exits."""
     read_fd, write_fd = claim_stdio_fds()
     configure_logging(log_level, log_format)
+    # The relay's own lines name the task once the server's records have told its IDs.
+    labels = TaskLabels()
+    label_thread(labels)
     try:
         welcome = join()
     except SharedServerError as exc:
@@ -54,7 +59,9 @@ def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str = "
         sys.stderr.flush()
         os._exit(1)
     log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
-    code = Relay(welcome, read_fd, write_fd).run()
+    for notice in options_not_used(welcome, asked_of_server):
+        log.warning("%s", notice)
+    code = Relay(welcome, read_fd, write_fd, labels).run()
     sys.stderr.flush()
     os._exit(code)
 
@@ -64,10 +71,12 @@ class _OutputAbandoned(Exception):
 
 
 class Relay:
-    """Copies stdin to the server's socket and whole frames of its answers to stdout."""
+    """Copies stdin to the server's socket, whole frames of its answers to stdout, and logs the
+    task's records it sends."""
 
-    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int):
+    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int, labels: TaskLabels):
         self._welcome = welcome
+        self._labels = labels
         self._sock = welcome.sock
         self._read_fd = read_fd
         self._write_fd = write_fd
@@ -77,11 +86,13 @@ class Relay:
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
         os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
-        threading.Thread(target=self._forward_input, name="relay-input", daemon=True).start()
+        threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
         self._on_stop_signals()
         try:
             while chunk := self._sock.recv(CHUNK):
-                whole = self._chunks.feed(chunk)
+                whole, log_records = self._chunks.feed(chunk)
+                for record in log_records:  # first: Kapacitor may end the process once it reads an ErrorResponse
+                    log_forwarded(record, self._labels)
                 if whole:
                     self._write_all(whole)
         except ConnectionResetError:

@@ -1,35 +1,117 @@
-"""The shared server's output to a task's relay: whole Kapacitor frames in length-prefixed chunks.
+"""The shared server's messages to a task's relay: whole Kapacitor frames in length-prefixed
+chunks, and the task's log records.
 
 The relay passes Kapacitor whole frames only, so that a server that dies in the middle of a
 write still leaves the task a well-formed last frame. Finding where frames end would cost the
 relay a step per frame (a third of its CPU under Kapacitor's feed); the server knows already,
 since each of its writes is whole frames. So each write goes out as one chunk behind its length,
 and the relay passes on whole chunks without looking inside them.
+
+A length with its top bit set heads a log record instead (``logs.forwarded_record``): what the
+task logged in the server, which the relay logs on the task's own stderr, where Kapacitor keeps
+a UDF's log. Records travel ahead of the output chunk of the writer's next write, so the agent's
+writer stays the only thread that writes to the socket; a task that logs while no output flows
+wakes its writer with an empty write. Logging never waits on the relay: records the writer has
+not taken yet are bounded, and those past the bound are dropped and counted.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
 import struct
+import threading
+from typing import TYPE_CHECKING
 
 from udf_agent.runtime.connection import Deadline, WriteTimeout
+from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.transports import SocketConnection, no_deadline
 
+if TYPE_CHECKING:
+    from udf_agent.runtime.writer import Writer
+
 HEADER = struct.Struct("<Q")
+# Set in a header: a log record follows, not output (no chunk comes near 2**63 bytes).
+LOG_RECORD = 1 << 63
+# A task's log records waiting for its writer (one is at most ~20 KiB: messages are cut).
+MAX_QUEUED_LOG_BYTES = 256 * 1024
+
+
+def log_message(record: bytes) -> bytes:
+    """``record`` as it goes to the relay: behind its length, marked as a log record."""
+    return HEADER.pack(LOG_RECORD | len(record)) + record
 
 
 class RelayedConnection(SocketConnection):
-    """A task's connection from its relay: output leaves as chunks of whole frames."""
+    """A task's connection from its relay: output leaves as chunks of whole frames, its log
+    records (once ``forward_logs``) ahead of them."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self._log_lock = threading.Lock()
+        self._log_messages: list[bytes] = []
+        self._log_bytes = 0
+        self._logs_dropped = 0
+        self._labels: TaskLabels | None = None
+        self._routes: TaskLogRoutes | None = None
+        self._writer: Writer | None = None
+
+    def forward_logs(self, routes: TaskLogRoutes, labels: TaskLabels, writer: Writer) -> None:
+        """From now on what the threads of the task of ``labels`` log goes to its relay too,
+        written by ``writer`` (this connection's), until the output closes."""
+        self._labels, self._routes, self._writer = labels, routes, writer
+        routes.add(labels, self._queue_log_record)
+
+    def _queue_log_record(self, record: bytes) -> None:
+        """Any thread; never waits for the relay (past the bound, the record is dropped)."""
+        message = log_message(record)
+        with self._log_lock:
+            if self._log_bytes + len(message) > MAX_QUEUED_LOG_BYTES:
+                self._logs_dropped += 1
+                return
+            wake = not self._log_messages  # else a write that takes them is due already
+            self._log_messages.append(message)
+            self._log_bytes += len(message)
+        if wake and self._writer is not None:
+            self._writer.send(b"", wait=False)  # an empty write: the records go out with it
+
+    def _take_log_messages(self) -> bytes:
+        with self._log_lock:
+            messages, dropped = self._log_messages, self._logs_dropped
+            self._log_messages, self._log_bytes, self._logs_dropped = [], 0, 0
+        if dropped and self._labels is not None:
+            notice = logging.makeLogRecord(
+                {
+                    "name": __name__,
+                    "levelno": logging.WARNING,
+                    "levelname": "WARNING",
+                    "msg": f"{dropped} log record(s) of this task were not sent to its stderr: its relay did not keep up (the shared server's log has them)",
+                }
+            )
+            messages.append(log_message(forwarded_record(notice, self._labels)))
+        return b"".join(messages)
 
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
-        """``data``, whole frames, as one chunk."""
+        """``data``, whole frames (or nothing), as one chunk, after the log records queued since the last write."""
+        message = self._take_log_messages()
+        if data:
+            message += HEADER.pack(len(data)) + data
+        if not message:
+            return
         try:
-            super().write(HEADER.pack(len(data)) + data, deadline)
-        except WriteTimeout as exc:  # counted in frames' bytes, the header not included
-            raise WriteTimeout(max(0, exc.written - HEADER.size)) from None
+            super().write(message, deadline)
+        except WriteTimeout as exc:  # counted in frames' bytes, headers and log records not included
+            raise WriteTimeout(max(0, exc.written - (len(message) - len(data)))) from None
+
+    def close_write(self) -> None:
+        if self._routes is not None and self._labels is not None:
+            self._routes.remove(self._labels)  # what the task logs from now on stays in the server's log
+        super().close_write()
 
 
 class ChunkSplitter:
-    """Sans-IO, the relay's side: bytes as received in, the frames of the chunks they complete out."""
+    """Sans-IO, the relay's side: bytes as received in; out, the frames of the chunks they
+    complete and the log records they complete."""
 
     def __init__(self) -> None:
         self._buffer = bytearray()
@@ -37,23 +119,24 @@ class ChunkSplitter:
 
     @property
     def buffered(self) -> int:
-        """Bytes of a chunk not yet whole."""
+        """Bytes of a chunk or record not yet whole."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> bytes:
-        """The frames of every chunk ``data`` completes, in order."""
+    def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
+        """The frames of every chunk ``data`` completes, and the log records it completes, each in order."""
         buffer = self._buffer
         buffer += data
         pos, size = 0, len(buffer)
         chunks: list[bytes] = []
+        records: list[bytes] = []
         while size - pos >= HEADER.size:
-            (length,) = HEADER.unpack_from(buffer, pos)
-            end = pos + HEADER.size + length
+            (header,) = HEADER.unpack_from(buffer, pos)
+            end = pos + HEADER.size + (header & ~LOG_RECORD)
             if end > size:
                 break
-            chunks.append(bytes(buffer[pos + HEADER.size : end]))
+            (records if header & LOG_RECORD else chunks).append(bytes(buffer[pos + HEADER.size : end]))
             pos = end
         del buffer[:pos]
         if chunks:
             self.last_chunk = chunks[-1]
-        return b"".join(chunks)
+        return b"".join(chunks), records

@@ -299,6 +299,10 @@ class Session:
         pending = self._pending.count if self._pending is not None else 0
         return pending + (self._open_batch.rows.count if self._open_batch is not None else 0)
 
+    def pending_batch_opened_at(self) -> float | None:
+        """When the open micro-batch got its first point (None: none is open)."""
+        return None if self._pending is None else self._pending.opened_at
+
     def deadline(self) -> float | None:
         """When the open micro-batch must be computed, at the latest."""
         return None if self._pending is None else self._pending.opened_at + self.flush_interval

@@ -13,7 +13,9 @@ install (package directory, version, Python), the Spark settings, the working di
 the environment variables Spark and imports read. Anything else gets its own server.
 
 Handshake (one JSON line each way, before any of Kapacitor's bytes): the relay sends
-``{"target", "agent"}``; the server answers ``{"pid", "log"}``, or ``{"error"}`` and closes.
+``{"target", "agent"}``; the server answers ``{"pid", "log", "metrics_address", "metrics_url",
+"idle_exit"}`` (its metrics endpoint and idle exit, those of the task that started it, which the
+relay compares with what its own task asked for), or ``{"error"}`` and closes.
 
 Remembered launches: a task that joined a server leaves ``<launch key>.launch`` next to its
 socket (the server's key and the handshake its command line came to). The launch key digests
@@ -135,19 +137,28 @@ def locate(settings: dict[str, Any]) -> SharedServer:
     return SharedServer(shared_directory(), server_key(settings))
 
 
+class ServerOptions(NamedTuple):
+    """The options a shared server takes from the task that starts it; None where not given.
+    A server already up keeps its own: a task that asked otherwise is told (``options_not_used``)."""
+
+    metrics_address: str | None = None  # --metrics-address
+    idle_exit: float | None = None  # --shared-idle-exit, in seconds
+
+
 class Launch(NamedTuple):
     """What a command line came to when a task started with it joined its server."""
 
     server: SharedServer
     hello: dict[str, Any]  # the handshake: target and the task's own options
     log_level: str
-    log_format: str = "text"
+    log_format: str
+    asked_of_server: ServerOptions
 
 
 def remember_launch(argv: list[str], launch: Launch) -> None:
     """Records ``launch`` for the next task started with ``argv`` (written whole or not at all)."""
     path = os.path.join(launch.server.directory, f"{launch_key(argv)}.launch")
-    record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level, "log_format": launch.log_format}
+    record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level, "log_format": launch.log_format, "asked_of_server": launch.asked_of_server._asdict()}
     temporary = f"{path}.{os.getpid()}"
     try:
         with open(temporary, "w", encoding="utf-8") as out:
@@ -163,7 +174,13 @@ def recall_launch(argv: list[str]) -> Launch | None:
     try:
         with open(os.path.join(directory, f"{launch_key(argv)}.launch"), encoding="utf-8") as f:
             record = json.load(f)
-        return Launch(SharedServer(directory, str(record["server"])), dict(record["hello"]), str(record["log_level"]), str(record.get("log_format", "text")))
+        return Launch(
+            SharedServer(directory, str(record["server"])),
+            dict(record["hello"]),
+            str(record["log_level"]),
+            str(record.get("log_format", "text")),
+            ServerOptions(**record.get("asked_of_server", {})),  # none in a record of an earlier version
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:  # a damaged record: the command line is parsed afresh
@@ -188,6 +205,28 @@ class Welcome(NamedTuple):
     pid: int
     log: str
     started: subprocess.Popen[bytes] | None  # when this task started the server
+    started_with: ServerOptions | None  # as the task that started it asked
+    metrics_url: str | None  # where it serves its metrics
+
+
+def options_not_used(welcome: Welcome, asked: ServerOptions) -> list[str]:
+    """A notice for each thing the task asked of its server that the server, started by an
+    earlier task with other options, does otherwise."""
+    from udf_agent.runtime.metrics import parse_address
+
+    served = welcome.started_with
+    if served is None:
+        return []
+    notices = []
+    if asked.metrics_address is not None:
+        ignored = f"(this task's --metrics-address {asked.metrics_address} is not used)"
+        if served.metrics_address is None:
+            notices.append(f"the shared server serves no metrics: the task that started it gave no --metrics-address {ignored}")
+        elif parse_address(served.metrics_address) != parse_address(asked.metrics_address):
+            notices.append(f"metrics are served by the shared server at {welcome.metrics_url} {ignored}")
+    if asked.idle_exit is not None and asked.idle_exit != served.idle_exit:
+        notices.append(f"the shared server exits after {served.idle_exit:g} s without tasks (this task's --shared-idle-exit {asked.idle_exit:g} s is not used)")
+    return notices
 
 
 def join(server: SharedServer, settings: dict[str, Any], idle_exit: float, hello: dict[str, Any], server_args: Sequence[str] = ()) -> Welcome:
@@ -225,7 +264,9 @@ def _greet(sock: socket.socket, hello: bytes, started: subprocess.Popen[bytes] |
     if "error" in reply:
         sock.close()
         raise SharedServerError(str(reply["error"]))
-    return Welcome(sock, int(reply["pid"]), str(reply["log"]), started)
+    # A server of an earlier install of this version does not say how it was started.
+    started_with = ServerOptions(reply["metrics_address"], float(reply["idle_exit"])) if "idle_exit" in reply else None
+    return Welcome(sock, int(reply["pid"]), str(reply["log"]), started, started_with, reply.get("metrics_url"))
 
 
 def read_line(receive: Callable[[int], bytes]) -> bytes | None:

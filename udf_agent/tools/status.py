@@ -74,7 +74,7 @@ def table(statuses: list[dict[str, Any]]) -> str:
         )
         if not tasks:
             continue
-        rows = [("TASK", "NODE", "UDF", "UPTIME", "POINTS IN", "POINTS OUT", "IN/S", "GROUPS", "MICRO-BATCHES RUN", "LAST ERROR")]
+        rows = [("TASK", "NODE", "UDF", "UPTIME", "POINTS IN", "POINTS OUT", "IN/S", "GROUPS", "SLOTS", "KEEPING UP", "MICRO-BATCHES RUN", "LAST ERROR")]
         for task in tasks:
             rows.append(
                 (
@@ -86,6 +86,8 @@ def table(statuses: list[dict[str, Any]]) -> str:
                     f"{task['points_out']:,}",
                     f"{task['rate_in_per_s']:,.0f}",
                     f"{task['groups']:,}",
+                    str(task.get("slots_held", 0)),
+                    f"falling behind ({task.get('input_lag_s', 0):.1f} s)" if task.get("falling_behind") else "yes",
                     task["computed"] or "-",
                     _one_line(task["last_error"]) if task["last_error"] else "-",
                 )
