@@ -1,13 +1,15 @@
-"""A compute-heavy UDF for the scaling measurement (``benchmarks/deployment.py``)."""
+"""Heavy UDFs for benchmarks: a compute-heavy one for the scaling measurement
+(``benchmarks/deployment.py``), a slow one for the neighbours (``benchmarks/neighbours.py``)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from udf_agent import Option, batch_udf
+from udf_agent import Option, batch_udf, stream_udf
 
 
 @batch_udf(provides="stream", options=[Option("field", str), Option("degree", int, default=12), Option("resamples", int, default=8)])
@@ -26,3 +28,11 @@ def trend_fit(df: Any, ctx: Any) -> Any:
         coefficients, *_ = np.linalg.lstsq(design[rows], values[rows], rcond=None)
         spreads.append(float(np.std(values - design @ coefficients)))
     return pd.DataFrame({"time": [ctx.tmax], "spread": [float(np.mean(spreads))]})
+
+
+@stream_udf(options=[Option("seconds", float, default=1.0)])
+def sleeps(df: Any, ctx: Any) -> Any:
+    """Sleeps ``seconds`` a call (a group's share of a micro-batch), then echoes: the slow
+    neighbour of ``benchmarks/neighbours.py``."""
+    time.sleep(ctx.options["seconds"])
+    return df

@@ -127,7 +127,7 @@ class SparkEngine:
             session.used()
             try:
                 return self._run(job, tasks, tenant)
-            except Exception as exc:
+            except Exception:
                 exit_code = self._jvm_exit_code()
                 if exit_code is not None:
                     self._replace_dead_jvm(exit_code)
@@ -135,9 +135,8 @@ class SparkEngine:
                 cause = session.lost()
                 if cause is None:
                     raise
-                failure = first_line(exc)
             # The windows live in the agent: the same micro-batch on a new session is enough.
-            self._open_new_session(session, f"{failure}; the session: {cause}", deadline)
+            self._open_new_session(session, cause, deadline)
 
     def _open_new_session(self, lost: SparkSession, cause: str, deadline: float) -> None:
         """Replaces ``lost``, a Spark Connect session its server closed (after its session
@@ -166,8 +165,8 @@ class SparkEngine:
                     failure = first_line(exc)
                 if time.monotonic() + REOPEN_INTERVAL >= deadline:
                     raise SparkSessionLost(
-                        f"the Spark Connect session on {lost.url} was lost ({cause}); {attempts} attempt(s) to open a new one over "
-                        f"{time.monotonic() - started:.0f} s, until the micro-batch's --batch-timeout ({self.settings.batch_timeout:g} s), failed: {failure}"
+                        f"the Spark Connect session on {lost.url} was lost ({cause}); no new one could be opened within the micro-batch's "
+                        f"--batch-timeout ({self.settings.batch_timeout:g} s): {attempts} attempt(s) over {time.monotonic() - started:.0f} s, the last: {failure}"
                     )
                 time.sleep(REOPEN_INTERVAL)
             try:

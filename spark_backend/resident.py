@@ -35,6 +35,7 @@ import math
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -651,8 +652,25 @@ def _worker_end(error: BaseException) -> str:
     headline = report[0].strip().rstrip(":")
     if headline.endswith("(crashed)") or not headline.partition("(crashed):")[2].strip():
         return f"{headline}: no crash report, so a signal it could not catch (SIGKILL, the out-of-memory killer) or os._exit"
-    frames = [line.strip() for line in report[1:] if line.strip().startswith("File ") and "/pyspark" not in line and "<frozen" not in line]
-    return f"{headline} at {frames[0]}" if frames else headline
+    # Faulthandler lists every thread; the crashed one is "Current thread", innermost first.
+    current = next((i for i, line in enumerate(report) if line.startswith("Current thread")), 0)
+    frames = []
+    for line in report[current + 1 :]:
+        if not line.strip().startswith("File "):
+            break
+        frames.append(line.strip())
+    ours = [frame for frame in frames if not _not_the_udfs(frame)]
+    where = ours[0] if ours else frames[0] if frames else ""
+    return f"{headline} at {where}" if where else headline
+
+
+_STANDARD_LIBRARY = f"/lib/python{sys.version_info.major}.{sys.version_info.minor}/"
+
+
+def _not_the_udfs(frame: str) -> bool:
+    """Whether a crash report's frame is the standard library's, PySpark's or ours."""
+    standard = _STANDARD_LIBRARY in frame and "-packages/" not in frame
+    return standard or any(place in frame for place in ("/pyspark/", "/pyspark.zip/", "<frozen", "/udf_agent/", "/spark_backend/"))
 
 
 def _next_message(worker: _Worker) -> tuple[int, bytearray]:

@@ -284,11 +284,11 @@ class ConnectSession:
             version = session.version
             timeout = _session_timeout(session)
         except Exception as exc:
-            raise SparkStartError(f"cannot use the Spark Connect server {url}: {first_line(exc)}") from exc
+            raise SparkStartError(f"cannot use the Spark Connect server {url}: {connect_failure(exc)}") from exc
         opened = cls(url, session, keepalive_interval=max(1.0, timeout / 4))
         threading.Thread(target=opened._keep_alive, name="spark-connect-keepalive", daemon=True).start()
         log.info(
-            "Spark %s ready (Spark Connect server %s, which ends a session after %.0f s without a request: kept alive every %.0f s while in use)",
+            "Spark %s ready (Spark Connect server %s, which ends a session after %g s without a request: kept alive every %g s while in use)",
             version, url, timeout, opened.keepalive_interval,
         )
         return opened
@@ -330,7 +330,7 @@ class ConnectSession:
             self.dataframes.conf.get("spark.sql.session.timeZone")
             return None
         except Exception as exc:
-            self._lost = first_line(exc)
+            self._lost = connect_failure(exc)
             return self._lost
 
     def stop(self) -> None:
@@ -356,8 +356,19 @@ class ConnectSession:
                 self.dataframes.conf.get("spark.sql.session.timeZone")
             except Exception as exc:
                 if not self._stopping:
-                    log.warning("the Spark Connect session on %s no longer answers (%s): the next micro-batch opens a new one", self.url, first_line(exc))
+                    log.warning("the Spark Connect session on %s no longer answers (%s): the next micro-batch opens a new one", self.url, connect_failure(exc))
                 return
+
+
+def connect_failure(exc: BaseException) -> str:
+    """A Connect client's failure in one line: gRPC's text spans lines, and its details say
+    what happened ("UNAVAILABLE: ... Connection refused")."""
+    text = str(exc)
+    details = re.search(r'details = "([^"]*)"', text)
+    if details is None:
+        return first_line(exc)
+    status = re.search(r"status = StatusCode\.(\w+)", text)
+    return f"{status.group(1)}: {details.group(1)}" if status else details.group(1)
 
 
 # Spark's time units (JavaUtils.timeStringAs); a number alone is in the setting's own unit.

@@ -39,7 +39,7 @@ def of_kind(kind: str, messages: list[tuple[str, bytes]]) -> list[bytes]:
 
 def test_whole_chunks_come_out_as_their_frames_records_apart_and_the_last_chunk_is_kept():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM) == (b"".join(CHUNKS), RECORDS)
+    assert splitter.feed(STREAM) == (b"".join(CHUNKS), RECORDS, None)
     assert splitter.buffered == 0
     assert splitter.last_chunk == CHUNKS[-1]  # a record after it does not hide how the task ended
 
@@ -48,7 +48,7 @@ def test_a_stream_fed_one_byte_at_a_time_gives_each_message_once_it_is_whole():
     splitter = ChunkSplitter()
     out: list[tuple[str, bytes]] = []
     for i in range(len(STREAM)):
-        whole, records = splitter.feed(STREAM[i : i + 1])
+        whole, records, _ = splitter.feed(STREAM[i : i + 1])
         assert not (whole and records)  # one byte completes one message at most
         if whole:
             out.append(("chunk", whole))
@@ -60,20 +60,20 @@ def test_a_stream_fed_one_byte_at_a_time_gives_each_message_once_it_is_whole():
 @pytest.mark.parametrize("cut", range(1, len(STREAM)))
 def test_a_stream_split_anywhere_gives_only_whole_messages(cut):
     splitter = ChunkSplitter()
-    first, first_records = splitter.feed(STREAM[:cut])
+    first, first_records, _ = splitter.feed(STREAM[:cut])
     # Never a piece of a message: what comes out ends where a message ends.
     done = sum(end <= cut for end in ENDS)
     assert first == b"".join(of_kind("chunk", MESSAGES[:done]))
     assert first_records == of_kind("record", MESSAGES[:done])
     assert splitter.buffered == cut - (ENDS[done - 1] if done else 0)
-    rest, rest_records = splitter.feed(STREAM[cut:])
+    rest, rest_records, _ = splitter.feed(STREAM[cut:])
     assert (first + rest, first_records + rest_records) == (b"".join(CHUNKS), RECORDS)
     assert splitter.buffered == 0
 
 
 def test_a_chunk_cut_short_stays_buffered_and_is_never_passed_on():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM[: ENDS[1] + 5]) == (CHUNKS[0], RECORDS[:1])
+    assert splitter.feed(STREAM[: ENDS[1] + 5]) == (CHUNKS[0], RECORDS[:1], None)
     assert splitter.buffered == 5
     assert splitter.last_chunk == CHUNKS[0]
 
@@ -141,7 +141,7 @@ def read_to_the_end(relay: socket.socket) -> tuple[bytes, list[dict]]:
     splitter = ChunkSplitter()
     frames, records = b"", []
     while data := relay.recv(1 << 20):
-        whole, new = splitter.feed(data)
+        whole, new, _ = splitter.feed(data)
         frames += whole
         records += [json.loads(record) for record in new]
     assert splitter.buffered == 0
@@ -160,7 +160,7 @@ def test_a_tasks_log_records_reach_its_relay_while_no_output_flows_and_no_one_el
         log_in_a_task(labels, "dropped %d point(s)", 3)
         # No output is under way: the record wakes the writer, and arrives on its own.
         relay.settimeout(10)
-        whole, (record,) = ChunkSplitter().feed(relay.recv(1 << 20))
+        whole, (record,), _ = ChunkSplitter().feed(relay.recv(1 << 20))
         assert whole == b""
         assert json.loads(record) == {
             "time": pytest.approx(time.time(), abs=10),

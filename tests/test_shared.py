@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import urllib.request
 
@@ -521,3 +522,193 @@ def test_a_task_asking_for_metrics_of_a_server_that_serves_none_is_told_so(drive
     notice = "the shared server serves no metrics: the task that started it gave no --metrics-address (this task's --metrics-address 127.0.0.1:9200 is not used)"
     assert asking.log().count(notice) == 1, asking.log()
     assert len(shared_server_pids(shared_dir)) == 1
+
+
+# ---------------------------------------------------------------- neighbours on the shared Spark: no shared fate
+
+NEIGHBOUR_SPARK = ("--master", "local[2]", "--no-local-while-starting")
+GROUPS = ("g0", "g1", "g2", "g3", "g4")
+
+
+class MovingAvgTask:
+    """A moving_avg (size 2) task over five series whose every output is checked as it
+    comes: a round trip writes a point to each series and waits for the five outputs."""
+
+    def __init__(self, driver: KapacitorDriver):
+        self.driver = driver
+        self.sent = 0
+        self.values: dict[str, list[float]] = {group: [] for group in GROUPS}
+        assert driver.init(option("field", "value"), option("size", 2), task_id="steady", timeout=60).success, driver.log()
+
+    def round_trip(self, timeout: float = 30) -> float:
+        started = time.monotonic()
+        for group in GROUPS:
+            value = float(self.sent % 97)
+            self.values[group].append(value)
+            self.driver.send(udf_pb2.Request(point=grouped_point((self.sent + 1) * SECOND, group, value)))
+            self.sent += 1
+        self.driver.responses.wait_for("point", self.sent, timeout=timeout)
+        return time.monotonic() - started
+
+    def check_outputs(self) -> None:
+        """Every point has exactly one output, equal to plain moving_avg's."""
+        outputs = self.driver.responses.of("point")
+        assert len(outputs) == self.sent
+        by_group: dict[str, list[float]] = {group: [] for group in GROUPS}
+        for output in outputs:
+            by_group[output.tags["group"]].append(output.fieldsDouble["avg"])
+        for group, values in self.values.items():
+            expected = [values[0]] + [(a + b) / 2 for a, b in zip(values, values[1:])]
+            assert by_group[group] == expected, group
+
+
+class Keepalives:
+    """Sends the task a KeepaliveRequest a second, as Kapacitor does, until stopped."""
+
+    def __init__(self, driver: KapacitorDriver):
+        self.driver = driver
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.driver.keepalive(time.time_ns())
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join(5)
+        time.sleep(0.5)  # the last one's answer
+        return self.driver.keepalive_latencies()
+
+
+def task_status(shared_dir: str, task_id: str) -> dict:
+    from udf_agent.tools.status import ask, shared_sockets
+
+    (path,) = shared_sockets(shared_dir)
+    found = [task for task in ask(path, timeout=10)["tasks"] if task["taskID"] == task_id]
+    return found[0] if found else {}
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_slow_neighbour_never_makes_a_moving_avg_task_wait_for_its_calls(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    steady = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
+    steady.round_trip(timeout=180)  # Spark starts
+    call = 3.0
+    slow = drivers("run", "tests.udfs.sample:sleepy", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)
+    assert slow.init(option("seconds", call), task_id="slow", timeout=60).success, slow.log()
+    for n in range(10):  # ten series: ten calls of 3 s
+        slow.send(udf_pb2.Request(point=grouped_point(n * SECOND, f"s{n}", 1.0)))
+    wait_until(lambda: task_status(shared_dir, "slow").get("slots_held") == 1, 60, "the slow task never held a slot")
+    for n in range(10):  # more than it computes meanwhile: its input waits
+        slow.send(udf_pb2.Request(point=grouped_point((10 + n) * SECOND, f"s{n}", 1.0)))
+    trips = [steady.round_trip() for _ in range(20)]
+    # Before, the slow task's micro-batch held every slot: a round trip waited for its calls.
+    assert max(trips) < call, trips
+    assert len(slow.responses.of("point")) < 20  # it was computing all along
+    steady.check_outputs()
+    # status: the slow task is falling behind, on one slot; the steady one keeps up.
+    wait_until(lambda: task_status(shared_dir, "slow").get("falling_behind"), 60, "the slow task was never shown falling behind")
+    shown = task_status(shared_dir, "slow")
+    assert shown["slots_held"] <= 1
+    assert not task_status(shared_dir, "steady")["falling_behind"]
+    assert steady.driver.close(timeout=60) == 0
+
+
+def test_a_neighbour_that_crashes_its_worker_costs_a_moving_avg_task_nothing(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    steady = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
+    steady.round_trip(timeout=180)  # Spark starts
+    keepalives = Keepalives(steady.driver)
+    crashing = drivers("run", "tests.udfs.sample:segfaults", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)
+    assert crashing.init(task_id="crashing", timeout=60).success, crashing.log()
+    started = time.monotonic()
+    for n in range(5):
+        crashing.send(udf_pb2.Request(point=grouped_point(n * SECOND, f"c{n}", 1.0)))
+    trips = []
+    while not crashing.responses.of("error"):
+        assert time.monotonic() - started < 60, "the crashing task did not end within 60 s"
+        trips.append(steady.round_trip())
+    (error,) = crashing.responses.of("error")
+    assert "failed twice on Spark's resident workers" in error.error and "UDF 'segfaults'" in error.error, error.error
+    assert "Segmentation fault" in error.error and "sample.py" in error.error, error.error  # the signal, and where
+    assert crashing.process.wait(10) == 1
+    # A new task starts and computes; the steady one goes on.
+    fresh = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
+    fresh.round_trip(timeout=60)
+    fresh.check_outputs()
+    trips += [steady.round_trip() for _ in range(5)]
+    latencies = keepalives.stop()
+    steady.check_outputs()
+    assert max(trips) < 10, trips  # no gap in its outputs over 10 s
+    assert latencies and max(latencies) < 2.0, latencies
+    assert not steady.driver.responses.of("error")
+    assert steady.driver.close(timeout=60) == 0
+
+
+# ---------------------------------------------------------------- the shared server's death, invisible to Kapacitor
+
+
+class StreamingTask(MovingAvgTask):
+    """A moving_avg task, started, then fed a point per series every 50 ms (100 points/s
+    over five series) and a keepalive a second, from threads of its own, until stopped."""
+
+    def __init__(self, started: MovingAvgTask):
+        self.driver, self.sent, self.values = started.driver, started.sent, started.values
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.keepalives = Keepalives(self.driver)
+        self._feeder = threading.Thread(target=self._feed, daemon=True)
+        self._feeder.start()
+
+    def _feed(self) -> None:
+        while not self._stop.wait(0.05):
+            with self._lock:
+                for group in GROUPS:
+                    value = float(self.sent % 89)
+                    self.values[group].append(value)
+                    self.driver.send(udf_pb2.Request(point=grouped_point((self.sent + 1) * SECOND, group, value)))
+                    self.sent += 1
+
+    def stop(self) -> list[float]:
+        """Stops feeding; every output back, checked; the keepalives' answer times."""
+        self._stop.set()
+        self._feeder.join(5)
+        self.driver.responses.wait_for("point", self.sent, timeout=120)
+        self.check_outputs()
+        return self.keepalives.stop()
+
+
+def test_a_killed_shared_server_is_invisible_to_its_tasks(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    first = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
+    first.round_trip(timeout=180)  # Spark starts
+    tasks = [first, *(MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)) for _ in range(2))]
+    for task in tasks[1:]:
+        task.round_trip()
+    streams = [StreamingTask(task) for task in tasks]
+    time.sleep(8)  # a checkpoint or two (every 5 s)
+    (server,) = shared_server_pids(shared_dir)
+    outputs_before = [len(stream.driver.responses.of("point")) for stream in streams]
+    killed = time.monotonic()
+    os.killpg(server, signal.SIGKILL)  # the server, its JVM and its workers
+    # Outputs resume on a new server within 30 s.
+    for stream, before in zip(streams, outputs_before):
+        stream.driver.responses.wait_for("point", before + 50, timeout=30 - (time.monotonic() - killed))
+    time.sleep(3)
+    for stream in streams:
+        latencies = stream.stop()
+        assert not stream.driver.responses.of("error"), stream.driver.responses.of("error")
+        assert max(latencies) < 5.0, latencies
+        assert stream.driver.process.poll() is None  # still running
+        assert "carried over to the shared Spark server" in stream.driver.log(), stream.driver.log()[-3000:]
+    assert shared_server_pids(shared_dir) not in ([], [server])
+    for stream in streams:
+        assert stream.driver.close(timeout=60) == 0

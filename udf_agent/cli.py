@@ -367,19 +367,21 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
     """The task as a relay to the shared Spark server (started if none is up); exits. The
     launch is remembered for the next task started with this command line (see entry.py)."""
     from udf_agent.runtime.relay import relay_stdio
-    from udf_agent.runtime.shared import Launch, join, locate, remember_launch
+    from udf_agent.runtime.shared import Launch, ServerStart, locate, remember_launch
 
     argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
     hello = {"target": target, "agent": agent_options}
 
+    start = ServerStart(settings, idle_exit, list(server_args))
+
     def join_server() -> Welcome:
         server = locate(settings)
-        welcome = join(server, settings, idle_exit, hello, server_args)
+        welcome = start.join(server, hello)
         if isinstance(argv, list):
-            remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server))
+            remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server, start))
         return welcome
 
-    relay_stdio(join_server, log_level, log_format, asked_of_server)
+    relay_stdio(join_server, log_level, log_format, asked_of_server, rejoin=lambda: start.join(locate(settings), hello))
 
 
 @main.command(cls=_TargetCommand)
@@ -515,7 +517,7 @@ class _SharedSessions:
         from udf_agent.runtime.relay_link import RelayedConnection
 
         link = RelayedConnection(connection.sock)
-        agent = Agent(spec, link, self._engines, config)
+        agent = Agent(spec, link, self._engines, config, checkpoints=link)
         link.forward_logs(self._log_routes, agent.labels, agent.writer)
         return agent
 

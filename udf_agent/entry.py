@@ -8,6 +8,7 @@ line's machinery; anything else goes to ``cli.py``.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 
@@ -30,4 +31,6 @@ def _rejoin_remembered(argv: list[str]) -> None:
     except SharedServerError:
         return  # the command line's own path meets the same fault and reports it
     if launch is not None and welcome is not None:
-        relay_stdio(lambda: welcome, launch.log_level, launch.log_format, launch.asked_of_server)
+        start = launch.start
+        carry_over = None if start is None else functools.partial(start.join, launch.server, launch.hello)
+        relay_stdio(lambda: welcome, launch.log_level, launch.log_format, launch.asked_of_server, rejoin=carry_over)

@@ -139,7 +139,8 @@ class Responses:
                 if len(found) >= count:
                     return list(found)
                 if self.closed.is_set():
-                    raise AssertionError(f"agent closed its output after {len(found)} {kind} response(s); got {self.kinds()}")
+                    errors = [getattr(message, "error", "") for message in self._by_kind.get("error", [])]
+                    raise AssertionError(f"agent closed its output after {len(found)} {kind} response(s); got {self.kinds()}" + (f": {errors}" if errors else ""))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise AssertionError(f"timed out waiting for {count} {kind} response(s), got {len(found)}")

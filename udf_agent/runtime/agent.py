@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
@@ -27,7 +27,7 @@ from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
@@ -107,7 +107,21 @@ class _Computed:
 
 
 # What the compute thread takes from the work queue, in order.
-Work = Compute | Emit | TakeSnapshot | Restore | _Finish
+Work = Compute | Emit | TakeSnapshot | Restore | TakeCheckpoint | _Finish
+
+# A relayed task is checkpointed (``TakeCheckpoint``) at most this often, and sooner once this
+# much input has come since the last one: what its relay keeps to replay after a failover.
+CHECKPOINT_INTERVAL = 5.0
+CHECKPOINT_INPUT_BYTES = 16 * 1024 * 1024
+# ... but a checkpoint that takes long (many groups) is taken no more than this share of the time.
+CHECKPOINT_TIME_SHARE = 0.02
+
+
+class CheckpointSink(Protocol):
+    """Where a relayed task's checkpoints go: its link to the relay, which carries the task
+    over to a new server if this one dies."""
+
+    def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
 
 
 class UDFError(RuntimeError):
@@ -118,8 +132,12 @@ class Agent:
     """Serves one connection. ``spec`` may come later (``run(spec)``): the reader
     can start first and answer keepalives while the UDF's module imports."""
 
-    def __init__(self, spec: UDFSpec | None, connection: Connection, engines: Engines, config: AgentConfig | None = None):
+    def __init__(self, spec: UDFSpec | None, connection: Connection, engines: Engines, config: AgentConfig | None = None, checkpoints: CheckpointSink | None = None):
         self.config = config or AgentConfig()
+        self._checkpoints = checkpoints
+        self._checkpoint_interval = CHECKPOINT_INTERVAL
+        self._next_checkpoint_at = time.monotonic() + CHECKPOINT_INTERVAL
+        self._checkpointed_bytes = 0
         self.connection = connection
         self.engines = engines
         self.spec: UDFSpec | None = None
@@ -286,6 +304,8 @@ class Agent:
                 while session.frames_waiting:
                     if not self._act_on_input():
                         return
+                if self._checkpoints is not None:
+                    self._checkpoint_if_due()
                 self._wait_for_room()
                 if session.input_broken:
                     self._act_on_input()  # the framing error, after the frames before it
@@ -303,6 +323,18 @@ class Agent:
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
             self._work.append(_Finish(self._stop_reason, code=0))
             self._cond.notify_all()
+
+    def _checkpoint_if_due(self) -> None:
+        """Queues a checkpoint of what was read so far once one is due (by time or input)."""
+        now = time.monotonic()
+        if now < self._next_checkpoint_at and self.session.bytes_acted_on - self._checkpointed_bytes < CHECKPOINT_INPUT_BYTES:
+            return
+        with self._cond:
+            events = self.session.checkpoint()
+            if events:
+                self._dispatch(events)
+                self._checkpointed_bytes = self.session.bytes_acted_on
+                self._next_checkpoint_at = now + self._checkpoint_interval
 
     def _act_on_input(self) -> bool:
         """Acts on a slice of the frames read, under the lock (briefly: the compute thread
@@ -384,7 +416,7 @@ class Agent:
                     self.writer.send(event.frames, wait=False)
             elif isinstance(event, Started):
                 self._start(event)
-            elif isinstance(event, (Compute, TakeSnapshot, Restore)):
+            elif isinstance(event, (Compute, TakeSnapshot, Restore, TakeCheckpoint)):
                 if isinstance(event, Compute):
                     self.stats.received(event.batch.count, time.monotonic())
                 self._work.append(event)
@@ -486,6 +518,8 @@ class Agent:
                     self._snapshot()
                 elif isinstance(item, Restore):
                     self._restore(item.snapshot)
+                elif isinstance(item, TakeCheckpoint):
+                    self._checkpoint(item)
         except UDFError as exc:
             self._finish(str(exc))
         except BaseException as exc:  # even SystemExit from a UDF must end the task, not hang it
@@ -651,6 +685,17 @@ class Agent:
         frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
         if frame is not None:
             self.writer.send(frame)
+
+    def _checkpoint(self, item: TakeCheckpoint) -> None:
+        """The task's state after everything before ``item``, to its relay, behind that input's output."""
+        assert self._checkpoints is not None
+        spec, _ = self._loaded()
+        started = time.monotonic()
+        data = self.groups.snapshot(spec.name, self._options_fingerprint())
+        self.writer.send(self._checkpoints.checkpoint_message(item.input_bytes, item.init_frame, data))
+        took = time.monotonic() - started
+        self.stats.checkpointed(took, len(data))
+        self._checkpoint_interval = max(CHECKPOINT_INTERVAL, took / CHECKPOINT_TIME_SHARE)
 
     def _restore(self, data: bytes) -> None:
         from udf_agent.runtime.snapshot import SnapshotError

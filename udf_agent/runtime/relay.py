@@ -21,16 +21,23 @@ from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
+from udf_agent.runtime.failover import CarryOver, CarryOverError
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.relay_link import ChunkSplitter
 from udf_agent.runtime.shared import ServerOptions, SharedServerError, Welcome, options_not_used, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
-from udf_agent.wire.frames import FrameSplitter
+from udf_agent.wire.frames import FrameSplitter, encode_varint
 
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
+# How often the relay answers Kapacitor's watchdog itself while no server does.
+HEARTBEAT_INTERVAL = 1.0
+# Input kept since the last checkpoint before reading waits for the next one.
+MAX_KEPT_INPUT = 256 * 1024 * 1024
+# Carry-overs of one task before a dying server fails it as it did before carry-overs.
+MAX_CARRY_OVERS = 5
 # The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
 ERROR_TAG = (6 << 3) | 2
 SERVER_END_GRACE = 0.5
@@ -40,10 +47,11 @@ STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
 
 
-def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions) -> NoReturn:
+def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions, rejoin: Callable[[], Welcome] | None = None) -> NoReturn:
     """The task's process as a relay: claims stdin and stdout, joins its server with
     ``join`` (saying what of ``asked_of_server`` that server, started earlier, does otherwise)
-    and relays until the server closes the task's connection; exits."""
+    and relays until the server closes the task's connection, carrying the task over to a new
+    server with ``rejoin`` if it dies; exits."""
     read_fd, write_fd = claim_stdio_fds()
     configure_logging(log_level, log_format)
     # The relay's own lines name the task once the server's records have told its IDs.
@@ -61,7 +69,7 @@ def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, as
     log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
     for notice in options_not_used(welcome, asked_of_server):
         log.warning("%s", notice)
-    code = Relay(welcome, read_fd, write_fd, labels).run()
+    code = Relay(welcome, read_fd, write_fd, labels, rejoin).run()
     sys.stderr.flush()
     os._exit(code)
 
@@ -72,29 +80,46 @@ class _OutputAbandoned(Exception):
 
 class Relay:
     """Copies stdin to the server's socket, whole frames of its answers to stdout, and logs the
-    task's records it sends."""
+    task's records it sends; keeps what it needs to carry the task over to a new server if
+    this one dies (``failover``), and does so when given how to ``rejoin``."""
 
-    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int, labels: TaskLabels):
+    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int, labels: TaskLabels, rejoin: Callable[[], Welcome] | None = None):
         self._welcome = welcome
         self._labels = labels
         self._sock = welcome.sock
         self._read_fd = read_fd
         self._write_fd = write_fd
+        self._rejoin = rejoin
         self._input_ended = threading.Event()
         self._chunks = ChunkSplitter()
+        # Guards the carry-over's kept input and whether input goes to a server now.
+        self._lock = threading.Condition()
+        self._carry = CarryOver()
+        self._carrying_over = False
+        self._keepalives_scanned = 0  # of the kept input, while carrying over
+        self._write_lock = threading.Lock()  # the output loop and the heartbeats write stdout
+        self._heartbeats: set[str] = set()  # why the relay answers Kapacitor's watchdog itself now
+        self._heartbeat_wake = threading.Condition(self._write_lock)
+        self.carry_overs = 0
 
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
         os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
         threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
         self._on_stop_signals()
+        while True:
+            code = self._relay_output()
+            if code is None:
+                code = self._carry_over()
+            if code is not None:
+                return code
+
+    def _relay_output(self) -> int | None:
+        """Relays the server's output until its connection ends: the exit code, or None when
+        the server died in the middle of the task and the task is to be carried over."""
         try:
             while chunk := self._sock.recv(CHUNK):
-                whole, log_records = self._chunks.feed(chunk)
-                for record in log_records:  # first: Kapacitor may end the process once it reads an ErrorResponse
-                    log_forwarded(record, self._labels)
-                if whole:
-                    self._write_all(whole)
+                self._take(chunk)
         except ConnectionResetError:
             pass  # the server died with our input unread: judged below, as an end
         except BrokenPipeError:
@@ -103,28 +128,130 @@ class Relay:
             log.warning("input closed and no output taken for %g s (a task abort): the rest of this task's output is dropped", STOPPED_READER_TIMEOUT)
             self._sock.close()
             return 0
+        except CarryOverError as exc:
+            return self._fail(f"udf-agent: this task could not be carried over to a new shared Spark server: {exc}")
         _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
-        if self._input_ended.is_set() and not partial:
+        if self._input_ended.is_set() and not partial and not self._carry.catching_up:
             if not server_alive(self._welcome):
                 log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)
             return 0
-        cause = "was killed or crashed" if self._server_ended() else "closed this task's connection"
-        message = f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}"
+        died = self._server_ended()
+        if died and self._rejoin is not None and self.carry_overs < MAX_CARRY_OVERS:
+            return None
+        cause = "was killed or crashed" if died else "closed this task's connection"
+        return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}")
+
+    def _take(self, chunk: bytes) -> None:
+        """What the server sent, in order: log records to stderr, output to Kapacitor (less
+        what it saw already, while catching up after a carry-over), checkpoints kept."""
+        while True:
+            frames, records, checkpoint = self._chunks.feed(chunk)
+            chunk = b""
+            for record in records:  # first: Kapacitor may end the process once it reads an ErrorResponse
+                log_forwarded(record, self._labels)
+            if frames:
+                out = self._carry.passed(frames)
+                if out:
+                    self._write_all(out)
+                if not self._carry.catching_up:
+                    self._heartbeat("carry-over", False)
+            if checkpoint is None:
+                return
+            with self._lock:
+                self._carry.checkpointed(checkpoint)
+                self._lock.notify_all()  # an input held for room goes on
+
+    def _carry_over(self) -> int | None:
+        """Joins a new server (starting it, or waiting for the relay that does) and gives it
+        the task back: its Init, a Restore of its last checkpoint and the input since. Until
+        it catches up the relay answers Kapacitor's watchdog itself. None once carried over."""
+        self.carry_overs += 1
+        with self._lock:
+            self._carrying_over = True
+            kept = self._carry.kept_input
+            self._keepalives_scanned = 0
+            self._answer_keepalives()
+        self._heartbeat("carry-over", True)
+        log.warning(
+            "the shared Spark server (pid %d) died in the middle of the task: carrying the task over to a new one (its last checkpoint and %d bytes of input since)", self._welcome.pid, kept
+        )
+        assert self._rejoin is not None
+        started = time.monotonic()
+        try:
+            welcome = self._rejoin()
+        except SharedServerError as exc:
+            return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) died and no new one could be joined: {exc}")
+        self._welcome, self._sock, self._chunks = welcome, welcome.sock, ChunkSplitter()
+        snapshot = self._carry.snapshot
+        restore = b"" if snapshot is None else _restore_frame(snapshot)
+        with self._lock:
+            replay = self._carry.replay(restore)
+            mark = self._carry.kept_input
+        try:
+            self._sock.sendall(replay)
+            while True:  # input that came meanwhile, then the input goes straight on
+                with self._lock:
+                    more = self._carry.since(mark)
+                    if not more:
+                        self._carrying_over = False
+                        ended = self._input_ended.is_set()
+                        break
+                    mark += len(more)
+                self._sock.sendall(more)
+            if ended:
+                self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            log.warning("the new shared server (pid %d) took the task's replay only in part (%s)", welcome.pid, exc)  # its end is seen by the output loop
+        log.warning("carried over to the shared Spark server (pid %d) in %.1f s: %d bytes replayed; its log: %s", welcome.pid, time.monotonic() - started, len(replay), welcome.log)
+        return None
+
+    def _fail(self, message: str) -> int:
+        """Ends the task with ``message`` as its last frame."""
         log.error("%s", message)
         from udf_agent.wire.guard import error_frame  # protobuf, only when there is this to tell
 
+        self._heartbeat("carry-over", False)
         try:
             self._write_all(error_frame(message))
         except (BrokenPipeError, _OutputAbandoned):
             pass
         return 1
 
+    def _heartbeat(self, reason: str, on: bool) -> None:
+        """Answers Kapacitor's watchdog with a KeepaliveResponse a second while any reason
+        holds (any reply resets it: kapacitor-udf-facts.md), from a thread started for it."""
+        with self._heartbeat_wake:
+            idle = not self._heartbeats
+            if on:
+                self._heartbeats.add(reason)
+            else:
+                self._heartbeats.discard(reason)
+            self._heartbeat_wake.notify_all()
+        if on and idle:
+            threading.Thread(target=self._beat, name="relay-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        from udf_agent.wire.guard import keepalive_frame  # protobuf, only while the relay answers
+
+        with self._heartbeat_wake:
+            while self._heartbeats:
+                try:
+                    self._write_locked(keepalive_frame(time.time_ns()))
+                except (OSError, _OutputAbandoned):
+                    return
+                self._heartbeat_wake.wait(HEARTBEAT_INTERVAL)
+
     def _write_all(self, data: bytes) -> None:
-        """Writes all of DATA, waiting for Kapacitor to read as long as it may (backpressure);
-        _OutputAbandoned once the input has ended and no byte is taken for a second."""
+        with self._write_lock:
+            self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> None:
+        """Writes all of DATA (caller holds ``_write_lock``), waiting for Kapacitor to read as
+        long as it may (backpressure); _OutputAbandoned once the input has ended and no byte
+        is taken for a second."""
         view = memoryview(data)
         stalled_since: float | None = None
         while view:
@@ -156,20 +283,57 @@ class Relay:
         try:
             while data := os.read(self._read_fd, CHUNK):
                 pause = pacer.after_read(len(data), time.monotonic())
-                self._sock.sendall(data)
+                with self._lock:
+                    self._hold_for_room()
+                    self._carry.sent(data)  # kept first: a carry-over replays it
+                    sock = None if self._carrying_over else self._sock
+                    if sock is None:
+                        self._answer_keepalives()
+                if sock is not None:
+                    try:
+                        sock.sendall(data)
+                    except OSError as exc:  # the server is gone: the output side sees it (what it missed is kept)
+                        log.debug("relaying input to the server stopped: %s", exc)
                 if pause:
                     time.sleep(pause)  # input is flowing in small reads: let it gather
-        except OSError as exc:  # the server is gone: the output side sees it and says so
-            log.debug("relaying input stopped: %s", exc)
+        except OSError as exc:
+            log.debug("reading Kapacitor's input stopped: %s", exc)
         self._end_input()
+
+    def _answer_keepalives(self) -> None:
+        """While no server takes the task's input, the KeepaliveRequests in it are answered
+        here (caller holds ``_lock``); those kept from before too, once (a server may have
+        answered them already: an extra answer is harmless)."""
+        from udf_agent.wire.guard import keepalive_frame  # protobuf, only on a carry-over
+
+        times, self._keepalives_scanned = self._carry.keepalive_requests(self._keepalives_scanned)
+        for stamp in times:
+            try:
+                self._write_all(keepalive_frame(stamp))
+            except (OSError, _OutputAbandoned):
+                return
+
+    def _hold_for_room(self) -> None:
+        """Past MAX_KEPT_INPUT kept for a carry-over, reading waits for the next checkpoint
+        (caller holds ``_lock``): Kapacitor's writes wait, and the relay answers its watchdog."""
+        if self._carry.kept_input <= MAX_KEPT_INPUT:
+            return
+        log.warning("%d bytes of input since this task's last checkpoint: input is held until the next one", self._carry.kept_input)
+        self._heartbeat("held", True)
+        while self._carry.kept_input > MAX_KEPT_INPUT:
+            self._lock.wait()
+        self._heartbeat("held", False)
 
     def _end_input(self) -> None:
         """The server's agent sees end of input: it finishes accepted work, then closes."""
-        self._input_ended.set()
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        with self._lock:
+            self._input_ended.set()
+            sock = None if self._carrying_over else self._sock  # else the carry-over ends it after its replay
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
     def _on_stop_signals(self) -> None:
         """SIGTERM/SIGINT end the input as Kapacitor closing stdin would (an orderly drain);
@@ -185,3 +349,11 @@ class Relay:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, handle)
+
+
+def _restore_frame(snapshot: bytes) -> bytes:
+    """A RestoreRequest of ``snapshot``, framed: Request.restore (field 5) holding
+    RestoreRequest.snapshot (field 1), written out so the relay needs no protobuf for it."""
+    inner = b"\x0a" + encode_varint(len(snapshot)) + snapshot
+    body = b"\x2a" + encode_varint(len(inner)) + inner
+    return encode_varint(len(body)) + body

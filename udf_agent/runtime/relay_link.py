@@ -21,20 +21,43 @@ import logging
 import socket
 import struct
 import threading
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from udf_agent.runtime.connection import Deadline, WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.transports import SocketConnection, no_deadline
-
-if TYPE_CHECKING:
-    from udf_agent.runtime.writer import Writer
+from udf_agent.runtime.writer import LinkMessage, Writer
 
 HEADER = struct.Struct("<Q")
-# Set in a header: a log record follows, not output (no chunk comes near 2**63 bytes).
+# Set in a header: a log record follows, not output (no chunk comes near 2**62 bytes).
 LOG_RECORD = 1 << 63
+# Set in a header: a checkpoint follows (``checkpoint_message``).
+CHECKPOINT = 1 << 62
+KINDS = LOG_RECORD | CHECKPOINT
+# A checkpoint's payload starts with the input bytes it covers and its Init frame's length.
+CHECKPOINT_HEAD = struct.Struct("<QQ")
 # A task's log records waiting for its writer (one is at most ~20 KiB: messages are cut).
 MAX_QUEUED_LOG_BYTES = 256 * 1024
+
+
+def checkpoint_message(input_bytes: int, init_frame: bytes, snapshot: bytes) -> LinkMessage:
+    """A checkpoint as it goes to the relay, in its place among the output chunks: the task's
+    state (``snapshot``, the agent's own) as of ``input_bytes`` of its input, every output
+    for that input written before it, and the Init that starts the task afresh."""
+    payload = CHECKPOINT_HEAD.pack(input_bytes, len(init_frame)) + init_frame + snapshot
+    return LinkMessage(HEADER.pack(CHECKPOINT | len(payload)) + payload)
+
+
+class Checkpoint(NamedTuple):
+    input_bytes: int
+    init_frame: bytes
+    snapshot: bytes
+
+    @classmethod
+    def parse(cls, payload: bytes) -> Checkpoint:
+        input_bytes, init_length = CHECKPOINT_HEAD.unpack_from(payload)
+        start = CHECKPOINT_HEAD.size
+        return cls(input_bytes, payload[start : start + init_length], payload[start + init_length :])
 
 
 def log_message(record: bytes) -> bytes:
@@ -55,6 +78,8 @@ class RelayedConnection(SocketConnection):
         self._labels: TaskLabels | None = None
         self._routes: TaskLogRoutes | None = None
         self._writer: Writer | None = None
+
+    checkpoint_message = staticmethod(checkpoint_message)
 
     def forward_logs(self, routes: TaskLogRoutes, labels: TaskLabels, writer: Writer) -> None:
         """From now on what the threads of the task of ``labels`` log goes to its relay too,
@@ -92,8 +117,12 @@ class RelayedConnection(SocketConnection):
         return b"".join(messages)
 
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
-        """``data``, whole frames (or nothing), as one chunk, after the log records queued since the last write."""
+        """``data``, whole frames (or nothing), as one chunk, after the log records queued since
+        the last write; a link message (a checkpoint) as it is."""
         message = self._take_log_messages()
+        if isinstance(data, LinkMessage):
+            super().write(message + data, deadline)
+            return
         if data:
             message += HEADER.pack(len(data)) + data
         if not message:
@@ -122,21 +151,30 @@ class ChunkSplitter:
         """Bytes of a chunk or record not yet whole."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
-        """The frames of every chunk ``data`` completes, and the log records it completes, each in order."""
+    def feed(self, data: bytes) -> tuple[bytes, list[bytes], Checkpoint | None]:
+        """The frames of every chunk ``data`` completes, the log records it completes, each in
+        order, up to the first checkpoint it completes, which comes last: feed ``b""`` again
+        for what follows it (output after a checkpoint is output of input after it)."""
         buffer = self._buffer
         buffer += data
         pos, size = 0, len(buffer)
         chunks: list[bytes] = []
         records: list[bytes] = []
-        while size - pos >= HEADER.size:
+        checkpoint: Checkpoint | None = None
+        while size - pos >= HEADER.size and checkpoint is None:
             (header,) = HEADER.unpack_from(buffer, pos)
-            end = pos + HEADER.size + (header & ~LOG_RECORD)
+            end = pos + HEADER.size + (header & ~KINDS)
             if end > size:
                 break
-            (records if header & LOG_RECORD else chunks).append(bytes(buffer[pos + HEADER.size : end]))
+            body = bytes(buffer[pos + HEADER.size : end])
+            if header & LOG_RECORD:
+                records.append(body)
+            elif header & CHECKPOINT:
+                checkpoint = Checkpoint.parse(body)
+            else:
+                chunks.append(body)
             pos = end
         del buffer[:pos]
         if chunks:
             self.last_chunk = chunks[-1]
-        return b"".join(chunks), records
+        return b"".join(chunks), records, checkpoint

@@ -30,10 +30,12 @@ from udf_agent.wire.frames import (
     Piece,
     PointRun,
     ProtocolError,
+    encode_frame,
     parse_message,
     point_frame,
     point_group,
     request_point,
+    varint_size,
 )
 from udf_agent.wire.guard import OutputGuard, keepalive_frame
 
@@ -100,13 +102,22 @@ class Restore:
 
 
 @dataclass(frozen=True)
+class TakeCheckpoint:
+    """A relayed task's state once everything before it is computed, for its relay to carry
+    the task over to a new server: as of ``input_bytes`` bytes of input, each frame acted on."""
+
+    input_bytes: int
+    init_frame: bytes  # the task's InitRequest, to start it afresh
+
+
+@dataclass(frozen=True)
 class Fail:
     """The peer broke the protocol: the task must end with this error."""
 
     message: str
 
 
-Event = Send | Emit | Started | Compute | TakeSnapshot | Restore | Fail
+Event = Send | Emit | Started | Compute | TakeSnapshot | Restore | TakeCheckpoint | Fail
 
 
 # Frames acted on per ``next_events`` call: the runtime holds its lock for one call, and
@@ -141,6 +152,8 @@ class Session:
         self._compiled_splitter: Callable[[FrameSplitter], FrameSplitter] | None = None
         self._pieces: deque[Piece] = deque()
         self._frames_acted_on = 0
+        self._bytes_acted_on = 0  # of whole frames, length prefixes included
+        self._init_frame: bytes | None = None  # the successful InitRequest's frame
         self._framing_error: ProtocolError | None = None
         self._framing_error_acted_on = False
         self._early: list[Early] = []
@@ -238,10 +251,12 @@ class Session:
 
     def _act_on(self, piece: Piece, now: float) -> list[Event]:
         if isinstance(piece, PointRun):
+            self._bytes_acted_on += len(piece.frames)
             first = self._frames_acted_on
             self._frames_acted_on += piece.count
             return self.receive_point_run(piece, now, first) if self.adopted else self._keep((piece, first))
         self._frames_acted_on += 1
+        self._bytes_acted_on += len(piece) + varint_size(len(piece))
         number = self._frames_acted_on
         try:
             point = request_point(piece)
@@ -298,6 +313,18 @@ class Session:
         """Points accepted into the open micro-batch or the open Kapacitor batch."""
         pending = self._pending.count if self._pending is not None else 0
         return pending + (self._open_batch.rows.count if self._open_batch is not None else 0)
+
+    @property
+    def bytes_acted_on(self) -> int:
+        return self._bytes_acted_on
+
+    def checkpoint(self) -> list[Event]:
+        """A checkpoint of everything acted on so far (the open micro-batch closed for it), or
+        nothing where none can be taken: before a successful Init, inside a Kapacitor batch,
+        after a failure, with requests kept for ``adopt``."""
+        if self.failed or self._init_frame is None or self._open_batch is not None or self._early or not self.adopted:
+            return []
+        return [*self._close_pending(), TakeCheckpoint(self._bytes_acted_on, self._init_frame)]
 
     def pending_batch_opened_at(self) -> float | None:
         """When the open micro-batch got its first point (None: none is open)."""
@@ -368,6 +395,7 @@ class Session:
             return self._init_failed(f"UDF {spec.name!r} cannot start with these options: {exc}")
         self._spec = spec
         self.options = options
+        self._init_frame = encode_frame(udf_pb2.Request(init=init))
         self.guard.expect("init")
         reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
         return [Started(options, reply, init.taskID, init.nodeID)] if reply is not None else []

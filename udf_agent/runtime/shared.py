@@ -153,12 +153,28 @@ class Launch(NamedTuple):
     log_level: str
     log_format: str
     asked_of_server: ServerOptions
+    # How to start the server again, for a task carried over after it died (None: a record of
+    # an earlier version, whose tasks fail with their server as before).
+    start: ServerStart | None = None
+
+
+class ServerStart(NamedTuple):
+    """What starting a shared server takes, besides where it lives."""
+
+    settings: dict[str, Any]
+    idle_exit: float
+    server_args: list[str]
+
+    def join(self, server: SharedServer, hello: dict[str, Any]) -> Welcome:
+        return join(server, self.settings, self.idle_exit, hello, self.server_args)
 
 
 def remember_launch(argv: list[str], launch: Launch) -> None:
     """Records ``launch`` for the next task started with ``argv`` (written whole or not at all)."""
     path = os.path.join(launch.server.directory, f"{launch_key(argv)}.launch")
     record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level, "log_format": launch.log_format, "asked_of_server": launch.asked_of_server._asdict()}
+    if launch.start is not None:
+        record["start"] = launch.start._asdict()
     temporary = f"{path}.{os.getpid()}"
     try:
         with open(temporary, "w", encoding="utf-8") as out:
@@ -180,6 +196,7 @@ def recall_launch(argv: list[str]) -> Launch | None:
             str(record["log_level"]),
             str(record.get("log_format", "text")),
             ServerOptions(**record.get("asked_of_server", {})),  # none in a record of an earlier version
+            ServerStart(**record["start"]) if "start" in record else None,
         )
     except FileNotFoundError:
         return None

@@ -59,6 +59,9 @@ class TaskStats:
         self.keepalive_seconds = Histogram(KEEPALIVE_BUCKETS)
         self.slot_wait_seconds = Histogram(SLOT_WAIT_BUCKETS)
         self.slots_held = 0
+        self.checkpoints = 0  # of a relayed task, for its relay
+        self.checkpoint_seconds = 0.0  # the last one's
+        self.checkpoint_bytes = 0
         self.input_lag = 0.0  # how long the last micro-batch taken had waited since its first point
         self.computed = ""  # where the last micro-batch ran ("on Spark's resident workers")
         self.last_error: str | None = None
@@ -71,6 +74,10 @@ class TaskStats:
         if now - self._window_at >= RATE_WINDOW:
             self._last_rate = (self.points_in - self._window_points) / (now - self._window_at)
             self._window_at, self._window_points = now, self.points_in
+
+    def checkpointed(self, seconds: float, size: int) -> None:
+        self.checkpoints += 1
+        self.checkpoint_seconds, self.checkpoint_bytes = seconds, size
 
     def slot_waited(self, seconds: float) -> None:
         self.slot_wait_seconds.observe(seconds)
@@ -111,6 +118,8 @@ class TaskStats:
             "rate_in_per_s": round(self.rate(now), 1),
             "micro_batches": self.micro_batches,
             "slots_held": self.slots_held,
+            "checkpoints": self.checkpoints,
+            "last_checkpoint": {"seconds": round(self.checkpoint_seconds, 6), "bytes": self.checkpoint_bytes},
             "input_lag_s": round(self.input_lag, 3),
             "skipped": self.skipped,
             "computed": self.computed,

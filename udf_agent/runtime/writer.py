@@ -19,6 +19,11 @@ WRITE_CHUNK = 256 * 1024
 OUTPUT_QUEUE_BYTES = 32 * 1024 * 1024
 
 
+class LinkMessage(bytes):
+    """Bytes for the connection itself, not Kapacitor frames (a relayed task's checkpoint):
+    written alone, in its place in the output, never joined with frames."""
+
+
 class Writer:
     """The single writer: frames in order, keepalive replies ahead of queued data.
 
@@ -112,6 +117,8 @@ class Writer:
                 frames: list[bytes] = []
                 size = 0
                 while self._frames and (not frames or size + len(self._frames[0]) <= WRITE_CHUNK):
+                    if frames and (isinstance(self._frames[0], LinkMessage) or isinstance(frames[0], LinkMessage)):
+                        break  # a link message goes alone
                     frame = self._frames.popleft()
                     frames.append(frame)
                     size += len(frame)
@@ -120,7 +127,7 @@ class Writer:
                 done = self._closing and not self._frames
             try:
                 if frames:
-                    self._connection.write(b"".join(frames), self._current_deadline)
+                    self._connection.write(frames[0] if len(frames) == 1 else b"".join(frames), self._current_deadline)
             except WriteTimeout as exc:
                 self._count_unwritten(frames, exc.written)
                 done = True

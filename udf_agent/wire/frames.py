@@ -42,6 +42,11 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
+def varint_size(value: int) -> int:
+    """Bytes of ``value`` as a varint (a frame's length prefix)."""
+    return max(1, (value.bit_length() + 6) // 7)
+
+
 def encode_frame(message: Message) -> bytes:
     body = message.SerializeToString()
     return encode_varint(len(body)) + body

@@ -1,0 +1,74 @@
+"""Who gets the next free resident slot (spark_backend.fairness): pure bookkeeping, no Spark."""
+
+from __future__ import annotations
+
+from spark_backend.fairness import ACTIVE_WINDOW, QUANTUM, FairShares
+
+
+def test_a_tenant_alone_may_hold_every_slot():
+    shares = FairShares()
+    first = shares.wait("a", 0.0)
+    assert shares.next_ticket(2, 0.0) is first
+    shares.grant(first, 0.0)
+    second = shares.wait("a", 0.0)
+    assert shares.next_ticket(2, 0.0) is second  # its share is both slots
+
+
+def test_two_active_tenants_hold_one_slot_each_on_two_slots():
+    shares = FairShares()
+    shares.grant(shares.wait("slow", 0.0), 0.0)
+    shares.wait("fast", 0.0)  # the fast tenant is active now
+    again = shares.wait("slow", 0.1)
+    fast = shares.next_ticket(2, 0.1)
+    assert fast is not None and fast.tenant == "fast"  # it holds fewer, and slow is at its share
+    shares.grant(fast, 0.1)
+    assert shares.next_ticket(2, 0.1) is None  # slow may not take a second slot
+    shares.release("fast", 0.2)
+    # Fast stays active for ACTIVE_WINDOW after its last use: its share stays reserved.
+    assert shares.next_ticket(2, 0.2 + ACTIVE_WINDOW / 2) is None
+    assert shares.next_ticket(2, 0.2 + ACTIVE_WINDOW) is again
+
+
+def test_a_freed_slot_goes_to_the_tenant_holding_fewest_then_the_longest_waiting():
+    shares = FairShares()
+    for tenant in ("a", "b", "c"):
+        shares.grant(shares.wait(tenant, 0.0), 0.0)
+    a_again, c_again, b_again = shares.wait("a", 1.0), shares.wait("c", 1.1), shares.wait("b", 1.2)
+    shares.release("c", 2.0)  # c holds none now
+    assert shares.next_ticket(3, 2.0) is c_again
+    shares.grant(c_again, 2.0)
+    shares.release("b", 2.1)
+    assert shares.next_ticket(3, 2.1) is b_again
+    shares.grant(b_again, 2.1)
+    shares.release("a", 2.2)
+    assert shares.next_ticket(3, 2.2) is a_again
+
+
+def test_a_waiter_that_cannot_be_served_does_not_block_the_others():
+    shares = FairShares()
+    picky, plain = shares.wait("a", 0.0), shares.wait("b", 0.1)
+    picky.fresh_after = 5.0
+    assert shares.next_ticket(2, 0.2, can_serve=lambda ticket: ticket.fresh_after is None) is plain
+    shares.withdraw(picky)
+    assert shares.next_ticket(2, 0.2) is plain
+
+
+def test_a_slow_tenants_micro_batch_is_cut_into_quanta_only_while_others_are_active():
+    shares = FairShares()
+    shares.grant(shares.wait("slow", 0.0), 0.0)
+    shares.release("slow", 0.0)
+    shares.measured("slow", groups=10, seconds=10.0)  # a second a group
+    assert shares.parts_for("slow", 10, 0.0) == 1  # alone: nobody to make room for
+    shares.wait("fast", 0.0)
+    assert shares.parts_for("slow", 10, 0.0) == 10
+    shares.measured("quick", groups=100, seconds=100 * QUANTUM / 400)
+    assert shares.parts_for("quick", 100, 0.0) == 1  # a whole micro-batch fits in a quantum
+
+
+def test_tenants_idle_for_long_are_forgotten():
+    shares = FairShares()
+    ticket = shares.wait("gone", 0.0)
+    shares.grant(ticket, 0.0)
+    shares.release("gone", 0.0)
+    assert shares.active(ACTIVE_WINDOW * 7) == 0
+    assert shares.held("gone") == 0 and "gone" not in shares._tenants

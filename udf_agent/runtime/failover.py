@@ -1,0 +1,211 @@
+"""What a relay keeps to carry its task over to a new shared server, sans-IO.
+
+The shared server checkpoints a relayed task (``relay_link.checkpoint_message``): its state as
+of X bytes of its input, sent in its place among the task's output, so that every output frame
+before it answers input before X and every one after it input after X. The relay keeps:
+
+- the input it sent since the last checkpoint (bytes, as Kapacitor wrote them: no frame is
+  cut on the way, so keeping it costs a copy, not a parse);
+- the last checkpoint (the Init frame and the snapshot);
+- how many output frames, keepalive replies aside, it passed to Kapacitor since then.
+
+When the server dies, a new one gets the Init, a Restore of the snapshot and the input kept,
+and recomputes the output after X. Kapacitor has seen some of it: the first frames, as many
+as were passed since the checkpoint, are dropped, and so are the replies to the Init and
+Restore the relay made up; the rest goes on to Kapacitor. Each output is seen once; a UDF
+that is not deterministic may compute the dropped ones differently, which nobody sees, and
+the ones after differently from an uninterrupted run.
+
+Without a checkpoint yet, the new server gets all the input from the start (Info and Init
+included) and every reply Kapacitor saw is dropped the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from udf_agent.runtime.relay_link import Checkpoint
+
+# The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
+INIT_REPLY = (2 << 3) | 2
+KEEPALIVE_REPLY = (3 << 3) | 2
+RESTORE_REPLY = (5 << 3) | 2
+ERROR_REPLY = (6 << 3) | 2
+# ... and of a Request frame's (the same field number).
+KEEPALIVE_REQUEST = KEEPALIVE_REPLY
+
+
+class CarryOverError(Exception):
+    """The new server would not take the task back: the message says why."""
+
+
+def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(start, end, first byte of the body: -1 if empty or not there) of each frame in ``data``;
+    the last may not be whole (its end past ``data``'s)."""
+    pos, size = 0, len(data)
+    while pos < size:
+        start, length, shift = pos, 0, 0
+        while True:
+            if pos >= size:
+                return  # a length cut short: the frame is not whole
+            byte = data[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        yield start, pos + length, data[pos] if length and pos < size else -1
+        pos += length
+
+
+def counted_frames(data: bytes) -> int:
+    """Frames in ``data`` that count for a carry-over: every one but keepalive replies.
+    ``frames_in``'s walk written out: every output frame passes here (0.2 µs a frame
+    against 0.5 through the generator)."""
+    count = 0
+    pos, size = 0, len(data)
+    while pos < size:
+        length, shift = 0, 0
+        while True:
+            byte = data[pos]
+            pos += 1
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        if not length or data[pos] != KEEPALIVE_REPLY:
+            count += 1
+        pos += length
+    return count
+
+
+class CarryOver:
+    def __init__(self) -> None:
+        self._input = bytearray()  # sent since the checkpoint
+        self._input_base = 0  # where ``_input`` starts in Kapacitor's input
+        self._checkpoint: Checkpoint | None = None
+        self._passed = 0  # frames Kapacitor saw after the checkpoint
+        self._to_drop = 0  # recomputed frames Kapacitor saw already
+        self._made_up: list[int] = []  # replies to our own requests, to check and drop
+        self._shift = 0  # a position in this server's input, less this, is one in Kapacitor's
+        self._head = 0  # bytes the relay put before Kapacitor's input to this server
+        self.checkpoints = 0
+
+    @property
+    def kept_input(self) -> int:
+        """Bytes of input kept for a carry-over (sent since the last checkpoint)."""
+        return len(self._input)
+
+    @property
+    def catching_up(self) -> bool:
+        """Whether output Kapacitor saw is still being recomputed (and dropped)."""
+        return bool(self._made_up or self._to_drop)
+
+    def sent(self, data: bytes) -> None:
+        """``data`` of Kapacitor's input went (or is going) to the server."""
+        self._input += data
+
+    def checkpointed(self, checkpoint: Checkpoint) -> None:
+        """The server's checkpoint, read in its place among the output."""
+        if checkpoint.input_bytes < self._head:
+            return  # before our Init and Restore were acted on: not a state of this task
+        covered = checkpoint.input_bytes - self._shift - self._input_base
+        if covered < 0 or covered > len(self._input):
+            raise CarryOverError(f"a checkpoint at {checkpoint.input_bytes} bytes of input is outside what was sent ({self._input_base}-{self._input_base + len(self._input)})")
+        del self._input[:covered]
+        self._input_base += covered
+        self._checkpoint = checkpoint
+        self._passed = self._to_drop  # seen already: they follow the checkpoint too
+        self.checkpoints += 1
+
+    def passed(self, frames: bytes) -> bytes:
+        """Output frames from the server in; the ones Kapacitor gets out (all of them, but
+        while catching up), counting what Kapacitor saw. CarryOverError if the new server
+        refused the Init or Restore the relay made up."""
+        if not self.catching_up:
+            self._passed += counted_frames(frames)
+            return frames
+        out = bytearray()
+        for start, end, first in frames_in(frames):
+            frame = frames[start:end]
+            if first in (ERROR_REPLY, KEEPALIVE_REPLY):
+                # An error is never dropped: the task is ending, and Kapacitor must know why.
+                # Keepalive replies are not counted; one to a replayed request is a harmless extra.
+                out += frame
+            elif first in self._made_up:  # replies are matched by type: they come in any order
+                self._made_up.remove(first)
+                _check_reply(first, frame)
+            elif self._to_drop:
+                self._to_drop -= 1
+            else:
+                out += frame
+                self._passed += 1
+        return bytes(out)
+
+    def replay(self, restore_frame: bytes) -> bytes:
+        """What a new server gets first: the Init and a Restore of the checkpoint (with
+        ``restore_frame`` made of its snapshot), then the input since; from now on what it
+        sends is read as the recomputation. Input that comes meanwhile is ``sent`` after it."""
+        head = b""
+        self._made_up = []
+        if self._checkpoint is not None:
+            head = self._checkpoint.init_frame + restore_frame
+            self._made_up = [INIT_REPLY, RESTORE_REPLY]
+        self._to_drop = self._passed
+        self._head = len(head)
+        self._shift = len(head) - self._input_base
+        return head + bytes(self._input)
+
+    def keepalive_requests(self, start: int) -> tuple[list[int], int]:
+        """The times of the KeepaliveRequests in the whole frames of the input kept from
+        ``start`` (a frame's start: kept input begins at one), and where the next frame starts."""
+        times = []
+        data = bytes(self._input[start:])
+        end = 0
+        for frame_start, frame_end, first in frames_in(data):
+            if frame_end > len(data):
+                break  # not whole yet
+            end = frame_end
+            if first == KEEPALIVE_REQUEST:
+                times.append(_keepalive_time(data[frame_start:frame_end]))
+        return times, start + end
+
+    def since(self, mark: int) -> bytes:
+        """Input kept past ``mark`` bytes (of what is kept now): what came during a replay."""
+        return bytes(self._input[mark:])
+
+    @property
+    def snapshot(self) -> bytes | None:
+        return None if self._checkpoint is None else self._checkpoint.snapshot
+
+
+def _check_reply(expected: int, frame: bytes) -> None:
+    """The reply to the Init or Restore the relay made up: a refusal ends the carry-over."""
+    from udf_agent import udf_pb2  # protobuf, only on a carry-over
+
+    response = udf_pb2.Response()
+    response.ParseFromString(_body(frame))
+    kind = response.WhichOneof("message")
+    wanted = "init" if expected == INIT_REPLY else "restore"
+    if kind != wanted:
+        raise CarryOverError(f"the new server answered {kind!r} to the {wanted} that starts the task again")
+    answer = getattr(response, kind)
+    if not answer.success:
+        raise CarryOverError(f"the new server refused the task's {wanted}: {answer.error}")
+
+
+def _keepalive_time(frame: bytes) -> int:
+    """KeepaliveRequest.time of a Request frame holding one (0 where it has none)."""
+    from udf_agent import udf_pb2  # protobuf, only on a carry-over
+
+    request = udf_pb2.Request()
+    request.ParseFromString(_body(frame))
+    return int(request.keepalive.time)
+
+
+def _body(frame: bytes) -> bytes:
+    """A whole frame's body: what follows its length varint."""
+    pos = 0
+    while frame[pos] & 0x80:
+        pos += 1
+    return frame[pos + 1 :]
