@@ -36,31 +36,43 @@ PAUSE = 0.02
 
 
 class RoundTrips:
-    """moving_avg (size 2) over SERIES series; each round trip checked as plain pandas would compute it."""
+    """A moving_avg (size 2) task over SERIES series: a round trip writes a point to each
+    series and waits for the outputs; ``check`` compares every output with plain moving_avg's."""
 
-    def __init__(self, driver: KapacitorDriver):
+    def __init__(self, driver: KapacitorDriver, task_id: str = "steady"):
         self.driver = driver
         self.sent = 0
-        self.last: dict[int, float] = {}
-        if not driver.init(option("field", "value"), option("size", 2), task_id="steady", timeout=120).success:
+        self.values: dict[str, list[float]] = {f"s{series}": [] for series in range(SERIES)}
+        self._lock = threading.Lock()  # rounds may be sent from a feeding thread
+        if not driver.init(option("field", "value"), option("size", 2), task_id=task_id, timeout=120).success:
             raise RuntimeError(f"moving_avg did not start: {driver.log()[-2000:]}")
 
+    def send_round(self) -> None:
+        with self._lock:
+            for group, values in self.values.items():
+                value = float(self.sent % 101)
+                values.append(value)
+                self.sent += 1
+                self.driver.send(udf_pb2.Request(point=grouped_point(self.sent * SECOND, group, value)))
+
     def trip(self, timeout: float = 180) -> float:
-        expected = []
         started = time.monotonic()
-        for series in range(SERIES):
-            value = float(self.sent % 101)
-            previous = self.last.get(series)
-            expected.append(value if previous is None else (previous + value) / 2)
-            self.last[series] = value
-            self.sent += 1
-            self.driver.send(udf_pb2.Request(point=grouped_point(self.sent * SECOND, f"s{series}", value)))
-        outputs = self.driver.responses.wait_for("point", self.sent, timeout=timeout)[-SERIES:]
-        took = time.monotonic() - started
-        got = {int(point.tags["group"][1:]): point.fieldsDouble["avg"] for point in outputs}
-        if [got[series] for series in range(SERIES)] != expected:
-            raise AssertionError(f"wrong outputs: {got} != {expected}")
-        return took
+        self.send_round()
+        self.driver.responses.wait_for("point", self.sent, timeout=timeout)
+        return time.monotonic() - started
+
+    def check(self) -> None:
+        """Every point has exactly one output, equal to plain moving_avg's, in order per series."""
+        outputs = self.driver.responses.of("point")
+        if len(outputs) != self.sent:
+            raise AssertionError(f"{len(outputs)} outputs for {self.sent} points")
+        got: dict[str, list[float]] = {group: [] for group in self.values}
+        for output in outputs:
+            got[output.tags["group"]].append(output.fieldsDouble["avg"])
+        for group, values in self.values.items():
+            expected = values[:1] + [(a + b) / 2 for a, b in zip(values, values[1:])]
+            if got[group] != expected:
+                raise AssertionError(f"series {group}: {got[group][:10]}... != {expected[:10]}...")
 
 
 class SlowNeighbour:
@@ -89,6 +101,15 @@ class SlowNeighbour:
         self.driver.kill()
 
 
+def paced(steady: RoundTrips, trips: int) -> list[float]:
+    """``trips`` round trips, PAUSE apart; each one's time."""
+    times = []
+    for _ in range(trips):
+        time.sleep(PAUSE)
+        times.append(steady.trip())
+    return times
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
@@ -100,12 +121,14 @@ def one_run(trips: int, seconds: float) -> dict[str, float]:
         try:
             for _ in range(20):  # Spark starts, the workers connect, the code is warm
                 steady.trip()
-            alone = [steady.trip() for _ in range(trips) if time.sleep(PAUSE) is None]
+            alone = paced(steady, trips)
+            steady.check()
             neighbour = SlowNeighbour(directory, seconds)
             try:
                 time.sleep(3.0)  # its first micro-batches are computing
-                beside = [steady.trip() for _ in range(trips) if time.sleep(PAUSE) is None]
+                beside = paced(steady, trips)
                 neighbour_out = len(neighbour.driver.responses.of("point"))
+                steady.check()
             finally:
                 neighbour.stop()
         finally:

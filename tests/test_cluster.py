@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -66,19 +68,29 @@ def _outputs(driver: KapacitorDriver, count: int) -> list:
     return points
 
 
-def test_moving_avg_on_a_standalone_cluster_matches_plain_pandas(agent):
-    rng = random.Random(7)
-    sent = [(t, f"g{rng.randrange(5)}", rng.uniform(-100, 100)) for t in range(300)]
-    driver = agent("moving_avg")
-    assert driver.init(option("field", "v"), option("size", 4)).success
+def _send_points(driver: KapacitorDriver, rng: random.Random, times: range) -> list[tuple[int, str, float]]:
+    """A point at each of ``times`` in one of five groups; what was sent."""
+    sent = [(t, f"g{rng.randrange(5)}", rng.uniform(-100, 100)) for t in times]
     for t, group, value in sent:
         driver.point(time=t, name="m", group=f"k={group}", dimensions=["k"], tags={"k": group}, fieldsDouble={"v": value})
-    points = _outputs(driver, len(sent))
-    assert driver.close(timeout=60) == 0, driver.log()
+    return sent
+
+
+def _assert_moving_avg(points: list, sent: list[tuple[int, str, float]], size: int) -> None:
+    """Every output is the mean of its group's last ``size`` values, as plain pandas computes it."""
     frame = pd.DataFrame(sent, columns=["time", "group", "v"])
-    expected = frame.groupby("group")["v"].transform(lambda s: s.rolling(4, min_periods=1).mean())
+    expected = frame.groupby("group")["v"].transform(lambda s: s.rolling(size, min_periods=1).mean())
     assert [p.time for p in points] == list(frame["time"])  # arrival order across groups
     assert [p.fieldsDouble["avg"] for p in points] == pytest.approx(list(expected), rel=1e-12)
+
+
+def test_moving_avg_on_a_standalone_cluster_matches_plain_pandas(agent):
+    driver = agent("moving_avg")
+    assert driver.init(option("field", "v"), option("size", 4)).success
+    sent = _send_points(driver, random.Random(7), range(300))
+    points = _outputs(driver, len(sent))
+    assert driver.close(timeout=60) == 0, driver.log()
+    _assert_moving_avg(points, sent, 4)
     assert "s: micro-batches run on Spark's resident workers" in driver.log()
 
 
@@ -234,3 +246,114 @@ def test_an_idle_task_gives_its_cores_back(server, tasks, request):
         idle.responses.wait_for("point", 2, timeout=60)
     finally:
         feeder.stop()
+
+
+# ---- a Spark Connect session for as long as the task lives ----
+
+# A server that closes a session after 10 s without a request (Spark's default is an hour),
+# looking for such sessions every 5 s.
+SHORT_SESSIONS = {"spark.connect.session.manager.defaultSessionTimeout": "10s", "spark.connect.session.manager.maintenanceInterval": "5s"}
+EXPIRED = "that expired and will be closed"
+
+
+def _expired(server_log: Path) -> list[str]:
+    """The server's log lines about sessions it closed for want of a request."""
+    return [line for line in server_log.read_text(errors="replace").splitlines() if EXPIRED in line]
+
+
+def _wait_until(condition, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout:g} s"
+        time.sleep(0.2)
+
+
+def test_a_task_outlives_its_spark_connect_session_timeout(tmp_path):
+    """The task's session is kept alive while the task idles past the server's session timeout
+    (a session of the test's own, idle as long, is closed meanwhile); when the server closes
+    it anyway (the agent stopped, SIGSTOP, past the timeout), the next micro-batch opens a new
+    session, relaunches the resident workers on it and is computed there. The windows go on
+    across both: every output is the uninterrupted run's."""
+    from pyspark.sql.connect.session import SparkSession
+
+    rng = random.Random(11)
+    with connect_server(tmp_path / "server", conf=SHORT_SESSIONS) as (url, _):
+        server_log = tmp_path / "server" / "connect.log"
+        driver = KapacitorDriver("run", "moving_avg", "--remote", url, "--flush-interval", "50ms", "--resident-idle", "2s", cwd=ROOT)
+        try:
+            assert driver.init(option("field", "v"), option("size", 4)).success
+            sent = _send_points(driver, rng, range(500))
+            _outputs(driver, 500)
+            _wait_until(lambda: "resident workers released" in driver.log(), "the idle task's workers released")
+            idle = SparkSession.builder.remote(url).create()
+            try:
+                idle.conf.get("spark.sql.session.timeZone")
+                _wait_until(lambda: any(idle.session_id in line for line in _expired(server_log)), "the test's idle session closed by the server")
+            finally:
+                idle.stop()
+            sent += _send_points(driver, rng, range(500, 1000))
+            _outputs(driver, 1000)
+            assert len(_expired(server_log)) == 1 and "was lost" not in driver.log()
+
+            _wait_until(lambda: driver.log().count("resident workers released") == 2, "the task's workers released again")
+            os.kill(driver.process.pid, signal.SIGSTOP)
+            try:
+                _wait_until(lambda: len(_expired(server_log)) == 2, "the stopped task's session closed by the server")
+            finally:
+                os.kill(driver.process.pid, signal.SIGCONT)
+            sent += _send_points(driver, rng, range(1000, 1500))
+            points = _outputs(driver, 1500)
+            log = driver.log()
+            assert "INVALID_HANDLE.SESSION_CLOSED" in log and "opening a new one and computing the micro-batch again" in log, log[-4000:]
+            assert "a new Spark Connect session after" in log, log[-4000:]
+        finally:
+            driver.kill()
+    _assert_moving_avg(points, sent, 4)
+
+
+def test_a_task_waits_for_its_spark_connect_server_to_restart(tmp_path):
+    """The server is killed between micro-batches and started again on its port: the next
+    micro-batch waits for it, answering Kapacitor's keepalives meanwhile, opens a new session,
+    relaunches the resident workers there and is computed; every output is the uninterrupted
+    run's."""
+    rng = random.Random(13)
+    with connect_server(tmp_path) as (url, daemons):
+        driver = KapacitorDriver("run", "moving_avg", "--remote", url, "--flush-interval", "50ms", "--batch-timeout", "180s", cwd=ROOT)
+        try:
+            assert driver.init(option("field", "v"), option("size", 4)).success
+            sent = _send_points(driver, rng, range(500))
+            _outputs(driver, 500)
+            _wait_until(lambda: "resident Spark worker(s) connected" in driver.log(), "a resident worker connected")
+            daemons.restart("connect")  # killed; the new server takes a while to listen
+            sent += _send_points(driver, rng, range(500, 1000))
+            keepalives = 0
+            while len(driver.responses.of("point")) < 1000 and not driver.responses.of("error"):
+                keepalives += 1
+                driver.keepalive(keepalives)
+                # Answered within Kapacitor's default UDF timeout, which would kill the task.
+                driver.responses.wait_for("keepalive", keepalives, timeout=10)
+                time.sleep(0.5)
+            points = _outputs(driver, 1000)
+            log = driver.log()
+            assert keepalives > 0 and "opening a new one and computing the micro-batch again" in log, log[-4000:]
+        finally:
+            driver.kill()
+    _assert_moving_avg(points, sent, 4)
+
+
+def test_a_spark_connect_server_gone_past_the_batch_timeout_fails_the_micro_batch_saying_what_was_tried(tmp_path):
+    with connect_server(tmp_path) as (url, daemons):
+        driver = KapacitorDriver("run", "moving_avg", "--remote", url, "--flush-interval", "50ms", "--batch-timeout", "5s", cwd=ROOT)
+        try:
+            assert driver.init(option("field", "v"), option("size", 4)).success
+            driver.point(time=0, name="m", fieldsDouble={"v": 1.0})
+            _outputs(driver, 1)
+            daemons.stop()
+            # Its resident job ended with the server (its worker with it).
+            _wait_until(lambda: "resident job of slot 0 ended" in driver.log(), "the resident job's end seen")
+            driver.point(time=1, name="m", fieldsDouble={"v": 2.0})
+            [error] = driver.responses.wait_for("error", 1, timeout=120)
+        finally:
+            driver.kill()
+    assert f"the Spark Connect session on {url} was lost (cannot reach the Spark Connect server {url}" in error.error, error.error
+    assert "Connection refused" in error.error and "--batch-timeout (5 s)" in error.error, error.error

@@ -441,9 +441,9 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
     sizes = []
     run = spark_engine.run
 
-    def counted(job, tasks):
+    def counted(job, tasks, tenant=None):
         sizes.append(tasks.num_rows)
-        return run(job, tasks)
+        return run(job, tasks, tenant)
 
     monkeypatch.setattr(spark_engine, "run", counted)
     rng = np.random.default_rng(5)

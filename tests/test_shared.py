@@ -27,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from benchmarks.driver import descendants, java_descendants
+from benchmarks.neighbours import SPARK as NEIGHBOURS_SPARK
+from benchmarks.neighbours import RoundTrips
 from udf_agent import udf_pb2
 from udf_agent.runtime.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver, grouped_point, option
@@ -112,25 +114,39 @@ def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
     assert len(shared_server_pids(shared_dir)) == 3
 
 
-def test_a_killed_server_fails_its_tasks_at_once_and_the_next_task_starts_a_fresh_one(drivers, shared_dir):
+def test_a_killed_servers_tasks_go_on_on_a_fresh_one_started_by_one_of_them(drivers, shared_dir):
     env = shared_env(shared_dir)
     tasks = [drivers("run", RELAYED, env=env, cwd=ROOT) for _ in range(2)]
     for driver in tasks:
         assert driver.init(timeout=60).success, driver.log()
         echo(driver, 0)
     (server,) = shared_server_pids(shared_dir)
-    killed = time.monotonic()
-    os.kill(server, signal.SIGKILL)
+    os.killpg(server, signal.SIGKILL)
+    for n, driver in enumerate(tasks, start=1):
+        assert echo(driver, n * SECOND).time == n * SECOND
+        assert not driver.responses.of("error")
+        assert f"the shared Spark server (pid {server}) died in the middle of the task: carrying the task over" in driver.log()
+    (fresh,) = shared_server_pids(shared_dir)  # one new server for both
+    assert fresh != server
     for driver in tasks:
-        (error,) = driver.responses.wait_for("error", timeout=5)
-        assert time.monotonic() - killed < 2.0
-        assert f"the shared Spark server (pid {server}) was killed or crashed" in error.error
-        assert driver.process.wait(5) == 1
-        assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
-    fresh = drivers("run", RELAYED, env=env, cwd=ROOT)
-    assert fresh.init(timeout=60).success, fresh.log()
-    assert echo(fresh, 5 * SECOND).time == 5 * SECOND
-    assert shared_server_pids(shared_dir) not in ([], [server])
+        assert driver.close(timeout=30) == 0
+        assert [point.time for point in driver.responses.of("point")] == [0, tasks.index(driver) * SECOND + SECOND]
+
+
+def test_a_task_whose_server_died_and_none_can_be_joined_fails_saying_why(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    driver = drivers("run", RELAYED, env=env, cwd=ROOT)
+    assert driver.init(timeout=60).success, driver.log()
+    echo(driver, 0)
+    (server,) = shared_server_pids(shared_dir)
+    os.chmod(shared_dir, 0o755)  # no new server may be started there
+    killed = time.monotonic()
+    os.killpg(server, signal.SIGKILL)
+    (error,) = driver.responses.wait_for("error", timeout=10)
+    assert time.monotonic() - killed < 5.0
+    assert f"the shared Spark server (pid {server}) died and no new one could be joined" in error.error and "chmod 700" in error.error, error.error
+    assert driver.process.wait(5) == 1
+    assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
 
 
 def imported(driver: KapacitorDriver, module: str) -> bool:
@@ -526,40 +542,6 @@ def test_a_task_asking_for_metrics_of_a_server_that_serves_none_is_told_so(drive
 
 # ---------------------------------------------------------------- neighbours on the shared Spark: no shared fate
 
-NEIGHBOUR_SPARK = ("--master", "local[2]", "--no-local-while-starting")
-GROUPS = ("g0", "g1", "g2", "g3", "g4")
-
-
-class MovingAvgTask:
-    """A moving_avg (size 2) task over five series whose every output is checked as it
-    comes: a round trip writes a point to each series and waits for the five outputs."""
-
-    def __init__(self, driver: KapacitorDriver):
-        self.driver = driver
-        self.sent = 0
-        self.values: dict[str, list[float]] = {group: [] for group in GROUPS}
-        assert driver.init(option("field", "value"), option("size", 2), task_id="steady", timeout=60).success, driver.log()
-
-    def round_trip(self, timeout: float = 30) -> float:
-        started = time.monotonic()
-        for group in GROUPS:
-            value = float(self.sent % 97)
-            self.values[group].append(value)
-            self.driver.send(udf_pb2.Request(point=grouped_point((self.sent + 1) * SECOND, group, value)))
-            self.sent += 1
-        self.driver.responses.wait_for("point", self.sent, timeout=timeout)
-        return time.monotonic() - started
-
-    def check_outputs(self) -> None:
-        """Every point has exactly one output, equal to plain moving_avg's."""
-        outputs = self.driver.responses.of("point")
-        assert len(outputs) == self.sent
-        by_group: dict[str, list[float]] = {group: [] for group in GROUPS}
-        for output in outputs:
-            by_group[output.tags["group"]].append(output.fieldsDouble["avg"])
-        for group, values in self.values.items():
-            expected = [values[0]] + [(a + b) / 2 for a, b in zip(values, values[1:])]
-            assert by_group[group] == expected, group
 
 
 class Keepalives:
@@ -599,21 +581,21 @@ def wait_until(condition, timeout: float, what: str) -> None:
 
 def test_a_slow_neighbour_never_makes_a_moving_avg_task_wait_for_its_calls(drivers, shared_dir):
     env = shared_env(shared_dir)
-    steady = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
-    steady.round_trip(timeout=180)  # Spark starts
+    steady = RoundTrips(drivers("run", "moving_avg", *NEIGHBOURS_SPARK, env=env, cwd=ROOT))
+    steady.trip(timeout=180)  # Spark starts
     call = 3.0
-    slow = drivers("run", "tests.udfs.sample:sleepy", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)
+    slow = drivers("run", "tests.udfs.sample:sleepy", *NEIGHBOURS_SPARK, env=env, cwd=ROOT)
     assert slow.init(option("seconds", call), task_id="slow", timeout=60).success, slow.log()
     for n in range(10):  # ten series: ten calls of 3 s
         slow.send(udf_pb2.Request(point=grouped_point(n * SECOND, f"s{n}", 1.0)))
     wait_until(lambda: task_status(shared_dir, "slow").get("slots_held") == 1, 60, "the slow task never held a slot")
     for n in range(10):  # more than it computes meanwhile: its input waits
         slow.send(udf_pb2.Request(point=grouped_point((10 + n) * SECOND, f"s{n}", 1.0)))
-    trips = [steady.round_trip() for _ in range(20)]
+    trips = [steady.trip() for _ in range(20)]
     # Before, the slow task's micro-batch held every slot: a round trip waited for its calls.
     assert max(trips) < call, trips
     assert len(slow.responses.of("point")) < 20  # it was computing all along
-    steady.check_outputs()
+    steady.check()
     # status: the slow task is falling behind, on one slot; the steady one keeps up.
     wait_until(lambda: task_status(shared_dir, "slow").get("falling_behind"), 60, "the slow task was never shown falling behind")
     shown = task_status(shared_dir, "slow")
@@ -624,10 +606,10 @@ def test_a_slow_neighbour_never_makes_a_moving_avg_task_wait_for_its_calls(drive
 
 def test_a_neighbour_that_crashes_its_worker_costs_a_moving_avg_task_nothing(drivers, shared_dir):
     env = shared_env(shared_dir)
-    steady = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
-    steady.round_trip(timeout=180)  # Spark starts
+    steady = RoundTrips(drivers("run", "moving_avg", *NEIGHBOURS_SPARK, env=env, cwd=ROOT))
+    steady.trip(timeout=180)  # Spark starts
     keepalives = Keepalives(steady.driver)
-    crashing = drivers("run", "tests.udfs.sample:segfaults", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)
+    crashing = drivers("run", "tests.udfs.sample:segfaults", *NEIGHBOURS_SPARK, env=env, cwd=ROOT)
     assert crashing.init(task_id="crashing", timeout=60).success, crashing.log()
     started = time.monotonic()
     for n in range(5):
@@ -635,18 +617,18 @@ def test_a_neighbour_that_crashes_its_worker_costs_a_moving_avg_task_nothing(dri
     trips = []
     while not crashing.responses.of("error"):
         assert time.monotonic() - started < 60, "the crashing task did not end within 60 s"
-        trips.append(steady.round_trip())
+        trips.append(steady.trip())
     (error,) = crashing.responses.of("error")
     assert "failed twice on Spark's resident workers" in error.error and "UDF 'segfaults'" in error.error, error.error
     assert "Segmentation fault" in error.error and "sample.py" in error.error, error.error  # the signal, and where
     assert crashing.process.wait(10) == 1
     # A new task starts and computes; the steady one goes on.
-    fresh = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
-    fresh.round_trip(timeout=60)
-    fresh.check_outputs()
-    trips += [steady.round_trip() for _ in range(5)]
+    fresh = RoundTrips(drivers("run", "moving_avg", *NEIGHBOURS_SPARK, env=env, cwd=ROOT))
+    fresh.trip(timeout=60)
+    fresh.check()
+    trips += [steady.trip() for _ in range(5)]
     latencies = keepalives.stop()
-    steady.check_outputs()
+    steady.check()
     assert max(trips) < 10, trips  # no gap in its outputs over 10 s
     assert latencies and max(latencies) < 2.0, latencies
     assert not steady.driver.responses.of("error")
@@ -656,43 +638,37 @@ def test_a_neighbour_that_crashes_its_worker_costs_a_moving_avg_task_nothing(dri
 # ---------------------------------------------------------------- the shared server's death, invisible to Kapacitor
 
 
-class StreamingTask(MovingAvgTask):
-    """A moving_avg task, started, then fed a point per series every 50 ms (100 points/s
-    over five series) and a keepalive a second, from threads of its own, until stopped."""
+class StreamingTask:
+    """A started moving_avg task fed a point per series every 50 ms (100 points/s over five
+    series) and a keepalive a second, from threads of its own, until stopped."""
 
-    def __init__(self, started: MovingAvgTask):
-        self.driver, self.sent, self.values = started.driver, started.sent, started.values
+    def __init__(self, trips: RoundTrips):
+        self.trips, self.driver = trips, trips.driver
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self.keepalives = Keepalives(self.driver)
         self._feeder = threading.Thread(target=self._feed, daemon=True)
         self._feeder.start()
 
     def _feed(self) -> None:
         while not self._stop.wait(0.05):
-            with self._lock:
-                for group in GROUPS:
-                    value = float(self.sent % 89)
-                    self.values[group].append(value)
-                    self.driver.send(udf_pb2.Request(point=grouped_point((self.sent + 1) * SECOND, group, value)))
-                    self.sent += 1
+            self.trips.send_round()
 
     def stop(self) -> list[float]:
         """Stops feeding; every output back, checked; the keepalives' answer times."""
         self._stop.set()
         self._feeder.join(5)
-        self.driver.responses.wait_for("point", self.sent, timeout=120)
-        self.check_outputs()
+        self.driver.responses.wait_for("point", self.trips.sent, timeout=120)
+        self.trips.check()
         return self.keepalives.stop()
 
 
 def test_a_killed_shared_server_is_invisible_to_its_tasks(drivers, shared_dir):
     env = shared_env(shared_dir)
-    first = MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT))
-    first.round_trip(timeout=180)  # Spark starts
-    tasks = [first, *(MovingAvgTask(drivers("run", "moving_avg", *NEIGHBOUR_SPARK, env=env, cwd=ROOT)) for _ in range(2))]
+    first = RoundTrips(drivers("run", "moving_avg", *NEIGHBOURS_SPARK, env=env, cwd=ROOT))
+    first.trip(timeout=180)  # Spark starts
+    tasks = [first, *(RoundTrips(drivers("run", "moving_avg", *NEIGHBOURS_SPARK, env=env, cwd=ROOT)) for _ in range(2))]
     for task in tasks[1:]:
-        task.round_trip()
+        task.trip()
     streams = [StreamingTask(task) for task in tasks]
     time.sleep(8)  # a checkpoint or two (every 5 s)
     (server,) = shared_server_pids(shared_dir)

@@ -1,0 +1,130 @@
+"""What a relay keeps to carry its task over to a new server (runtime/failover.py), sans-IO."""
+
+from __future__ import annotations
+
+import pytest
+
+from udf_agent import udf_pb2
+from udf_agent.runtime.failover import CarryOver, CarryOverError, counted_frames, frames_in
+from udf_agent.runtime.relay_link import Checkpoint
+from udf_agent.wire.frames import encode_frame
+
+
+def point(n: int) -> bytes:
+    return encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=n, name="m")))
+
+
+def request(n: int) -> bytes:
+    return encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=n, name="m")))
+
+
+def keepalive_reply(n: int) -> bytes:
+    return encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=n)))
+
+
+def keepalive_request(n: int) -> bytes:
+    return encode_frame(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=n)))
+
+
+INIT = encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t")))
+INIT_OK = encode_frame(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
+RESTORE_OK = encode_frame(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)))
+RESTORE_REFUSED = encode_frame(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=False, error="bad snapshot")))
+ERROR = encode_frame(udf_pb2.Response(error=udf_pb2.ErrorResponse(error="boom")))
+RESTORE = b"<restore frame>"
+
+
+def test_keepalive_replies_do_not_count_every_other_frame_does():
+    data = point(1) + keepalive_reply(2) + point(3) + INIT_OK + point(4) * 200
+    assert counted_frames(data) == 203
+    assert [first for _, _, first in frames_in(data)][:4] == [0x8A, 0x1A, 0x8A, 0x12]
+
+
+def test_a_replay_without_a_checkpoint_is_all_the_input_and_drops_every_reply_kapacitor_saw():
+    carry = CarryOver()
+    carry.sent(request(1) + request(2))
+    assert carry.passed(point(1) + keepalive_reply(9) + point(2)) == point(1) + keepalive_reply(9) + point(2)
+    assert carry.replay(b"") == request(1) + request(2)
+    assert carry.catching_up
+    # The recomputed two are dropped; a keepalive reply passes; what is new goes on.
+    assert carry.passed(point(1) + keepalive_reply(10)) == keepalive_reply(10)
+    assert carry.passed(point(2) + point(3)) == point(3)
+    assert not carry.catching_up
+
+
+def test_a_checkpoint_trims_the_input_kept_and_the_replay_starts_with_init_and_restore():
+    carry = CarryOver()
+    carry.sent(request(1) + request(2))
+    carry.passed(point(1) + point(2))
+    carry.checkpointed(Checkpoint(len(request(1) + request(2)), INIT, b"state"))
+    carry.sent(request(3))
+    carry.passed(point(3))
+    assert carry.kept_input == len(request(3)) and carry.snapshot == b"state"
+    replay = carry.replay(RESTORE)
+    assert replay == INIT + RESTORE + request(3)
+    carry.sent(request(4))
+    # Replies to the made-up Init and Restore come in any order, among the data.
+    assert carry.passed(RESTORE_OK + point(3) + INIT_OK + point(4)) == point(4)
+    # The new server's checkpoint is counted in its own input: Init and Restore first.
+    carry.sent(request(5))
+    carry.checkpointed(Checkpoint(len(replay) + len(request(4)), INIT, b"later"))
+    carry.passed(point(5))  # the output after a checkpoint answers input after it
+    assert carry.kept_input == len(request(5))
+    assert carry.replay(RESTORE) == INIT + RESTORE + request(5)
+    assert carry.passed(INIT_OK + RESTORE_OK + point(5) + point(6)) == point(6)
+
+
+def test_a_carry_over_during_a_catch_up_drops_only_what_kapacitor_saw():
+    carry = CarryOver()
+    carry.sent(request(1) + request(2) + request(3))
+    carry.passed(point(1) + point(2) + point(3))
+    carry.replay(b"")
+    assert carry.passed(point(1)) == b""  # the new server dies here
+    carry.replay(b"")
+    assert carry.passed(point(1) + point(2) + point(3) + point(4)) == point(4)
+
+
+def test_a_checkpoint_during_a_catch_up_counts_what_is_still_to_drop_as_seen():
+    carry = CarryOver()
+    carry.sent(request(1) + request(2))
+    carry.passed(point(1) + point(2))
+    replay = carry.replay(b"")
+    carry.passed(point(1))
+    carry.checkpointed(Checkpoint(len(replay[: len(request(1))]), INIT, b"s"))  # after point 1, before 2
+    assert carry.replay(RESTORE) == INIT + RESTORE + request(2)
+    assert carry.passed(INIT_OK + RESTORE_OK + point(2) + point(3)) == point(3)
+
+
+def test_an_error_reply_is_never_dropped():
+    carry = CarryOver()
+    carry.sent(request(1))
+    carry.passed(point(1))
+    carry.replay(b"")
+    assert carry.passed(ERROR) == ERROR
+
+
+def test_a_refused_restore_ends_the_carry_over_saying_why():
+    carry = CarryOver()
+    carry.sent(request(1))
+    carry.checkpointed(Checkpoint(len(request(1)), INIT, b"state"))
+    carry.replay(RESTORE)
+    with pytest.raises(CarryOverError, match="refused the task's restore: bad snapshot"):
+        carry.passed(INIT_OK + RESTORE_REFUSED)
+
+
+def test_a_checkpoint_outside_what_was_sent_is_refused():
+    carry = CarryOver()
+    carry.sent(request(1))
+    with pytest.raises(CarryOverError):
+        carry.checkpointed(Checkpoint(10_000, INIT, b""))
+
+
+@pytest.mark.parametrize("cut", range(0, len(keepalive_request(123_456_789) + request(2) + keepalive_request(7)) + 1))
+def test_keepalive_requests_are_found_in_whole_frames_wherever_the_input_was_cut(cut):
+    stream = keepalive_request(123_456_789) + request(2) + keepalive_request(7)
+    carry = CarryOver()
+    carry.sent(stream[:cut])
+    first, scanned = carry.keepalive_requests(0)
+    carry.sent(stream[cut:])
+    rest, end = carry.keepalive_requests(scanned)
+    assert first + rest == [123_456_789, 7] and end == len(stream)
