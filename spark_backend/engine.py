@@ -122,19 +122,22 @@ class SparkEngine:
         self.wait_ready()
         deadline = time.monotonic() + self.settings.batch_timeout
         while True:
-            session = self._session
+            session, resident = self._session, self._resident
             assert session is not None  # ready
-            session.used()
-            try:
-                return self._run(job, tasks, tenant)
-            except Exception:
-                exit_code = self._jvm_exit_code()
-                if exit_code is not None:
-                    self._replace_dead_jvm(exit_code)
-                    raise
-                cause = session.lost()
-                if cause is None:
-                    raise
+            cause = session.lost(ask=False)
+            if cause is None:
+                try:
+                    # A session found lost meanwhile ends the wait for its resident workers.
+                    with session.in_use(on_lost=resident.stop if resident is not None else None):
+                        return self._run(job, tasks, tenant)
+                except Exception:
+                    exit_code = self._jvm_exit_code()
+                    if exit_code is not None:
+                        self._replace_dead_jvm(exit_code)
+                        raise
+                    cause = session.lost()
+                    if cause is None:
+                        raise
             # The windows live in the agent: the same micro-batch on a new session is enough.
             self._open_new_session(session, cause, deadline)
 

@@ -9,12 +9,16 @@ the DataFrame API both sessions share, and the few things that differ.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -45,6 +49,11 @@ CONNECT_SESSION_TIMEOUT = 3600.0
 # until this long after its last micro-batch; past it an idle host sends nothing, and the next
 # micro-batch replaces a session the server closed meanwhile (SparkEngine.run).
 KEEPALIVE_AFTER_USE = 3600.0
+# While a micro-batch has run this long on a Connect session, the server is asked every as
+# long whether the session still stands: a micro-batch that waits on the resident workers of a
+# lost session is ended, to be computed again on a new one, instead of waiting for workers
+# that cannot come.
+WATCH_AFTER = 2.0
 # Retries of a request to an unreachable Connect server: PySpark's backoff (50 ms, then x4)
 # for about 4 s instead of its default 10 min, so that the engine decides how long a
 # micro-batch waits for a server (--batch-timeout), checking between tries.
@@ -84,14 +93,15 @@ class SparkSession(Protocol):
     def jvm_exit_code(self) -> int | None:
         """The exit code of this process's JVM if it has died; None while it runs (or there is none)."""
 
-    def used(self) -> None:
-        """A micro-batch is about to run on the session (a Connect session stays alive for
-        ``KEEPALIVE_AFTER_USE`` after the last one)."""
+    def in_use(self, on_lost: Callable[[], None] | None = None) -> AbstractContextManager[None]:
+        """Around a micro-batch on the session. A Connect session stays alive until
+        ``KEEPALIVE_AFTER_USE`` after the last one; found lost while one runs, it calls that
+        micro-batch's ``on_lost``, which ends what it waits on."""
 
-    def lost(self) -> str | None:
-        """Why the session can no longer be used (a Connect server closed it or restarted, or
-        cannot be reached), or None if it answers. Asks the server; a classic session's JVM is
-        watched by ``jvm_exit_code`` instead."""
+    def lost(self, ask: bool = True) -> str | None:
+        """Why the session can no longer be used (a Connect server closed it, restarted, or
+        cannot be reached), or None: asks the server unless ``ask`` is False (then only what
+        is known already). A classic session's JVM is watched by ``jvm_exit_code`` instead."""
 
     def stop(self) -> None: ...
 
@@ -210,10 +220,10 @@ class ClassicSession:
         process = getattr(SparkContext._gateway, "proc", None)
         return None if process is None else process.poll()
 
-    def used(self) -> None:
-        pass  # the session lives as long as its JVM
+    def in_use(self, on_lost: Callable[[], None] | None = None) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the session lives as long as its JVM
 
-    def lost(self) -> str | None:
+    def lost(self, ask: bool = True) -> str | None:
         return None
 
     def stop(self) -> None:
@@ -253,16 +263,22 @@ def _executor_cores(context: object) -> int:
 class ConnectSession:
     """A Spark Connect client session: the server runs the JVM, its executors the UDF.
 
-    The server closes a session after its session timeout without a request: a thread keeps
-    this one alive while micro-batches use it (see ``KEEPALIVE_AFTER_USE``)."""
+    The server closes a session after its session timeout without a request, and forgets
+    every session when it restarts. A thread of this session's asks the server something
+    cheap (a conf) to keep the session alive while it is used, and to find out, while a
+    micro-batch takes long, whether the session still stands."""
 
     def __init__(self, url: str, session: ConnectSparkSession, keepalive_interval: float):
         self.url = url
         self.dataframes = session
         self.keepalive_interval = keepalive_interval
-        self._last_used = time.monotonic()
-        self._quiet = False  # the keepalive thread waits for the next use (guarded by _lock)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards what follows, up to _wake
+        now = time.monotonic()
+        self._last_used = now
+        self._last_asked = now
+        self._running: dict[int, tuple[float, Callable[[], None] | None]] = {}  # micro-batches: start, on_lost
+        self._keys = itertools.count()
+        self._sleeping_long = False  # the thread would not see a micro-batch start unless woken
         self._wake = threading.Event()
         self._stopping = False
         self._lost: str | None = None
@@ -286,7 +302,7 @@ class ConnectSession:
         except Exception as exc:
             raise SparkStartError(f"cannot use the Spark Connect server {url}: {connect_failure(exc)}") from exc
         opened = cls(url, session, keepalive_interval=max(1.0, timeout / 4))
-        threading.Thread(target=opened._keep_alive, name="spark-connect-keepalive", daemon=True).start()
+        threading.Thread(target=opened._watch, name="spark-connect-session", daemon=True).start()
         log.info(
             "Spark %s ready (Spark Connect server %s, which ends a session after %g s without a request: kept alive every %g s while in use)",
             version, url, timeout, opened.keepalive_interval,
@@ -312,22 +328,33 @@ class ConnectSession:
     def jvm_exit_code(self) -> int | None:
         return None  # the server's JVM is not ours to watch
 
-    def used(self) -> None:
+    @contextlib.contextmanager
+    def in_use(self, on_lost: Callable[[], None] | None = None) -> Iterator[None]:
+        key = next(self._keys)
         with self._lock:
-            self._last_used = time.monotonic()
-            if self._quiet:
-                self._quiet = False
+            now = time.monotonic()
+            self._running[key] = (now, on_lost)
+            self._last_used = now
+            if self._sleeping_long:  # once a spell: micro-batches that follow find it awake
+                self._sleeping_long = False
                 self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._running[key]
+                self._last_used = time.monotonic()
 
-    def lost(self) -> str | None:
+    def lost(self, ask: bool = True) -> str | None:
+        if self._lost is not None or not ask:
+            return self._lost
         if self.dataframes.is_stopped:
             # PySpark closes its client when the server answers with another server-side
             # session than the one it opened: the server restarted.
-            self._lost = self._lost or "the server no longer has it (it restarted)"
+            self._lost = "the server no longer has it (it restarted)"
             return self._lost
         try:
-            check_reachable(self.url)
-            self.dataframes.conf.get("spark.sql.session.timeZone")
+            self._ask()
             return None
         except Exception as exc:
             self._lost = connect_failure(exc)
@@ -340,24 +367,47 @@ class ConnectSession:
             self.dataframes.release_session_on_close = False  # the server has no such session, or cannot be reached
         self.dataframes.stop()
 
-    def _keep_alive(self) -> None:
-        """Asks the server something cheap every ``keepalive_interval`` while the session was
-        used within ``KEEPALIVE_AFTER_USE``; then waits, costing nothing, for the next use."""
-        while True:
+    def _ask(self) -> None:
+        check_reachable(self.url)  # at once when nothing listens, rather than after PySpark's retries
+        self.dataframes.conf.get("spark.sql.session.timeZone")
+
+    def _watch(self) -> None:
+        """Asks the server every ``keepalive_interval`` while the session was used within
+        ``KEEPALIVE_AFTER_USE``, and every ``WATCH_AFTER`` while a micro-batch has run that
+        long; when the session is found lost, the micro-batches running on it are ended
+        (their ``on_lost``). Sleeps, costing nothing, when no question is due."""
+        while not self._stopping:
             with self._lock:
-                self._quiet = time.monotonic() - self._last_used >= KEEPALIVE_AFTER_USE
-                pause = None if self._quiet else self.keepalive_interval
-            if self._wake.wait(pause):  # the first use after a quiet spell, or a stop
-                self._wake.clear()
+                now = time.monotonic()
+                due = self._next_question(now)
+                pause = None if due is None else max(0.0, due - now)
+                self._sleeping_long = pause is None or pause > WATCH_AFTER
+            if pause != 0.0:
+                if self._wake.wait(pause):
+                    self._wake.clear()
+                continue  # what is due is reckoned again
+            try:
+                self._ask()
+            except Exception as exc:
                 if self._stopping:
                     return
-                continue
-            try:
-                self.dataframes.conf.get("spark.sql.session.timeZone")
-            except Exception as exc:
-                if not self._stopping:
-                    log.warning("the Spark Connect session on %s no longer answers (%s): the next micro-batch opens a new one", self.url, connect_failure(exc))
+                self._lost = connect_failure(exc)
+                with self._lock:
+                    ending = [on_lost for _, on_lost in self._running.values() if on_lost is not None]
+                log.warning("the Spark Connect session on %s was lost (%s): a new one is opened for the next micro-batch%s", self.url, self._lost, ", and the one running is ended and computed again there" if ending else "")
+                for on_lost in ending:
+                    on_lost()
                 return
+            self._last_asked = time.monotonic()
+
+    def _next_question(self, now: float) -> float | None:
+        """When the server is next to be asked (None: not until the session is used)."""
+        due = []
+        if self._running:
+            due.append(max(min(start for start, _ in self._running.values()), self._last_asked) + WATCH_AFTER)
+        if self._running or now - self._last_used < KEEPALIVE_AFTER_USE:
+            due.append(self._last_asked + self.keepalive_interval)
+        return min(due) if due else None
 
 
 def connect_failure(exc: BaseException) -> str:
