@@ -134,13 +134,17 @@ class Relay:
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
-        if self._input_ended.is_set() and not partial and not self._carry.catching_up:
-            if not server_alive(self._welcome):
-                log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)
-            return 0
+        finished = self._input_ended.is_set() and not partial and not self._carry.catching_up
+        if finished and server_alive(self._welcome):
+            return 0  # the session's orderly end
         died = self._server_ended()
         if died and self._rejoin is not None and self.carry_overs < MAX_CARRY_OVERS:
+            # Even a task that was stopping: its drain may have been cut short, and a new
+            # server recomputing what Kapacitor already has sends it nothing twice.
             return None
+        if finished:
+            log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)
+            return 0
         cause = "was killed or crashed" if died else "closed this task's connection"
         return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}")
 
