@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.engines import Engines
     from udf_agent.runtime.logs import TaskLogRoutes
-    from udf_agent.runtime.shared import ServerOptions, Welcome
     from udf_agent.runtime.transports import SocketConnection
+    from udf_agent.serve.shared import ServerOptions, Welcome
 
 CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
 
@@ -159,7 +159,7 @@ _log_format_option = click.option(
 def _metrics_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    from udf_agent.runtime.metrics import parse_address
+    from udf_agent.serve.metrics import parse_address
 
     try:
         parse_address(value)
@@ -182,7 +182,7 @@ def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], descr
         return None
     import logging
 
-    from udf_agent.runtime.metrics import MetricsError, serve_metrics
+    from udf_agent.serve.metrics import MetricsError, serve_metrics
 
     try:
         host, port = serve_metrics(address, agents, describe)
@@ -340,7 +340,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
         server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
         from click.core import ParameterSource
 
-        from udf_agent.runtime.shared import ServerOptions
+        from udf_agent.serve.shared import ServerOptions
 
         # What the command line gave: a task that gave no --shared-idle-exit asks none of a server already up.
         idle_exit_given = click.get_current_context().get_parameter_source("shared_idle_exit") is not ParameterSource.DEFAULT
@@ -366,8 +366,8 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
 def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str, server_args: list[str], asked_of_server: ServerOptions) -> NoReturn:
     """The task as a relay to the shared Spark server (started if none is up); exits. The
     launch is remembered for the next task started with this command line (see entry.py)."""
-    from udf_agent.runtime.relay import relay_stdio
-    from udf_agent.runtime.shared import Launch, ServerStart, locate, remember_launch
+    from udf_agent.serve.relay import relay_stdio
+    from udf_agent.serve.shared import Launch, ServerStart, locate, remember_launch
 
     argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
     hello = {"target": target, "agent": agent_options}
@@ -396,7 +396,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.logs import configure_logging
-    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
+    from udf_agent.serve.socket_server import SocketServerError, UnixSocketServer
 
     try:
         mode = int(socket_mode, 8)
@@ -450,7 +450,7 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     import logging
 
     from udf_agent.runtime.logs import TaskLogRoutes, configure_logging
-    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
+    from udf_agent.serve.socket_server import SocketServerError, UnixSocketServer
 
     try:
         settings = json.loads(settings_json)
@@ -497,8 +497,8 @@ class _SharedSessions:
         import json
 
         from udf_agent.runtime.agent import Agent
-        from udf_agent.runtime.shared import answer_line, read_line
-        from udf_agent.runtime.socket_server import SessionRefused
+        from udf_agent.serve.shared import answer_line, read_line
+        from udf_agent.serve.socket_server import SessionRefused
 
         line = read_line(connection.read)
         if line is None:
@@ -514,7 +514,7 @@ class _SharedSessions:
         metrics_address, metrics_url = self.metrics or (None, None)
         # How the task that started this server set it up: the relay tells a task that asked otherwise.
         connection.write(answer_line({"pid": os.getpid(), "log": self._log_path, "metrics_address": metrics_address, "metrics_url": metrics_url, "idle_exit": self._idle_exit}))
-        from udf_agent.runtime.relay_link import RelayedConnection
+        from udf_agent.serve.relay_link import RelayedConnection
 
         link = RelayedConnection(connection.sock)
         agent = Agent(spec, link, self._engines, config, checkpoints=link)
@@ -558,8 +558,8 @@ def status(socket_path: str | None, as_json: bool, timeout: float) -> None:
     Exit 1 with one line saying why when a server cannot be asked."""
     import json
 
-    from udf_agent.runtime.shared import SharedServerError, shared_directory
-    from udf_agent.tools.status import StatusError, ask, shared_sockets, table
+    from udf_agent.serve.shared import SharedServerError, shared_directory
+    from udf_agent.serve.status import StatusError, ask, shared_sockets, table
 
     if socket_path is not None:
         paths = [socket_path]

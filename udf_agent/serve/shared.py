@@ -229,7 +229,7 @@ class Welcome(NamedTuple):
 def options_not_used(welcome: Welcome, asked: ServerOptions) -> list[str]:
     """A notice for each thing the task asked of its server that the server, started by an
     earlier task with other options, does otherwise."""
-    from udf_agent.runtime.metrics import parse_address
+    from udf_agent.serve.metrics import parse_address
 
     served = welcome.started_with
     if served is None:

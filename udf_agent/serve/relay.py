@@ -21,12 +21,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
-from udf_agent.runtime.failover import CarryOver, CarryOverError
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.relay_link import ChunkSplitter
-from udf_agent.runtime.shared import ServerOptions, SharedServerError, Welcome, options_not_used, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
+from udf_agent.serve.failover import CarryOver, CarryOverError
+from udf_agent.serve.relay_link import ChunkSplitter
+from udf_agent.serve.shared import ServerOptions, SharedServerError, Welcome, options_not_used, server_alive
 from udf_agent.wire.frames import FrameSplitter, encode_varint
 
 log = logging.getLogger(__name__)
