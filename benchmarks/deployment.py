@@ -28,7 +28,7 @@ if REPO not in sys.path:
 from benchmarks.driver import _rss_mb, descendants, java_descendants  # noqa: E402
 from benchmarks.spark_servers import connect_server, standalone_cluster  # noqa: E402
 from udf_agent import udf_pb2  # noqa: E402
-from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 from udf_agent.testing import KapacitorDriver, SocketDriver, grouped_point, option  # noqa: E402
 
 SECOND = 1_000_000_000

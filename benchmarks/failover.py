@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 
 from benchmarks.neighbours import SPARK, RoundTrips  # noqa: E402
 from benchmarks.shared_deployment import shared_directory, shared_env  # noqa: E402
-from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 from udf_agent.testing import KapacitorDriver  # noqa: E402
 
 TASKS = 3

@@ -48,7 +48,7 @@ from benchmarks.driver import AgentCommand, AgentProcess, LatencyStats  # noqa: 
 from benchmarks.run import official_moving_avg  # noqa: E402
 from benchmarks.shared_deployment import shared_directory, shared_env, warm_shared_server  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
-from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 
 WRITER = os.path.join(REPO, "benchmarks", "kapacitor_writer.py")
 CPU_INTERVAL = 0.1

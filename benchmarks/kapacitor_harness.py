@@ -51,7 +51,7 @@ from benchmarks.driver import AgentCommand, descendants  # noqa: E402
 from benchmarks.kapacitor_feed import RATE_AND_CPU, markdown_table, median_rows  # noqa: E402
 from benchmarks.run import official_moving_avg  # noqa: E402
 from benchmarks.shared_deployment import shared_directory, shared_env  # noqa: E402
-from udf_agent.runtime.shared import shared_server_pids  # noqa: E402
+from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 
 SCENARIO = os.path.join(os.path.dirname(REPO), "shared", "kapacitor-scenarios", "throughput.jsonl")
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_harness.json")

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from benchmarks.deployment import wait_for_log
 from benchmarks.driver import AgentCommand, AgentProcess, descendants
 from benchmarks.workload import Workload
-from udf_agent.runtime.shared import shared_server_pids
+from udf_agent.serve.shared import shared_server_pids
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,7 +5,7 @@ import tempfile
 
 import pytest
 
-from udf_agent.runtime.shared import shared_server_pids
+from udf_agent.serve.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -1,8 +1,9 @@
 """The module graph of udf_agent and spark_backend: floors, no import circles, no private names across modules.
 
 Floors, top to bottom (a module imports from its own floor or below, never above):
-tools and the CLI → runtime and spark_backend → compute and the built-in library → api and
-options → wire. See docs/architecture.md.
+tools and the CLI → the deployments (serve: socket server, shared server, relay) → runtime and
+spark_backend → compute and the built-in library → api and options → wire. See
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ FLOORS = {
     "udf_agent.targets": 2,
     "udf_agent.runtime": 3,
     "spark_backend": 3,
-    "udf_agent.tools": 4,
-    "udf_agent.testing": 4,
-    "udf_agent.cli": 4,
-    "udf_agent.entry": 4,
-    "udf_agent.__main__": 4,
+    "udf_agent.serve": 4,
+    "udf_agent.tools": 5,
+    "udf_agent.testing": 5,
+    "udf_agent.cli": 5,
+    "udf_agent.entry": 5,
+    "udf_agent.__main__": 5,
 }
 
 

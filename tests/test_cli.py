@@ -184,12 +184,13 @@ def test_a_bad_error_policy_is_a_usage_error(runner, value, message):
 
 
 def test_the_dead_letter_directory_is_created_and_reaches_the_agent(tmp_path):
-    from udf_agent.cli import ErrorPolicyType, _agent_config
+    from udf_agent.cli import ErrorPolicyType
+    from udf_agent.runtime.agent import AgentConfig
 
     directory = tmp_path / "letters" / "new"
     policy = ErrorPolicyType().convert(f"dead-letter:{directory}", None, None)
     assert directory.is_dir()
-    config = _agent_config({"on_error": policy})
+    config = AgentConfig.from_options({"on_error": policy})
     assert (config.on_error, config.dead_letter_dir) == ("dead-letter", str(directory))
 
 
@@ -249,9 +250,9 @@ def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path,
 def test_gather_reaches_the_agent_and_its_session():
     import socket
 
-    from udf_agent.cli import _agent_config, _split_options, run
+    from udf_agent.cli import _split_options, run
     from udf_agent.compute.engine import LocalEngine
-    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.engines import Engines
     from udf_agent.runtime.session import GATHER
     from udf_agent.runtime.transports import SocketConnection
@@ -261,7 +262,7 @@ def test_gather_reaches_the_agent_and_its_session():
     _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), _agent_config(agent_options))
+        agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(agent_options))
         assert agent.session.gather == pytest.approx(0.02) != GATHER
 
 

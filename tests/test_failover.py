@@ -1,12 +1,12 @@
-"""What a relay keeps to carry its task over to a new server (runtime/failover.py), sans-IO."""
+"""What a relay keeps to carry its task over to a new server (serve/failover.py), sans-IO."""
 
 from __future__ import annotations
 
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.runtime.failover import CarryOver, CarryOverError, counted_frames, frames_in
-from udf_agent.runtime.relay_link import Checkpoint
+from udf_agent.serve.failover import CarryOver, CarryOverError, counted_frames, frames_in
+from udf_agent.serve.relay_link import Checkpoint
 from udf_agent.wire.frames import encode_frame
 
 

@@ -52,7 +52,7 @@ def test_json_lines_carry_time_level_task_node_udf_and_message(stderr):
     logs.configure_logging("info", "json")
     labels = logs.TaskLabels(udf="moving_avg", task_id="cpu_alert", node_id="udf2")
     logged_in_a_task(labels, "UDF %s failed on group %r", "moving_avg", "host=a")
-    logging.getLogger("udf_agent.runtime.socket_server").info("listening")  # no task's thread
+    logging.getLogger("udf_agent.serve.socket_server").info("listening")  # no task's thread
     first, second = (json.loads(line) for line in stderr.getvalue().splitlines())
     assert (first["level"], first["taskID"], first["nodeID"], first["udf"]) == ("error", "cpu_alert", "udf2", "moving_avg")
     assert first["message"] == "UDF moving_avg failed on group 'host=a'" and first["logger"] == "udf_agent.runtime.agent"
@@ -110,7 +110,7 @@ def forwarded_from_a_task(labels, message, *args, raising=False):
     root.addHandler(routes)
     try:
         logged_in_a_task(logs.TaskLabels(udf="u", task_id="another", node_id="n"), "another task's")
-        logging.getLogger("udf_agent.runtime.socket_server").error("no task's")
+        logging.getLogger("udf_agent.serve.socket_server").error("no task's")
         logged_in_a_task(labels, message, *args, raising=raising)
     finally:
         root.removeHandler(routes)

@@ -15,8 +15,8 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.runtime.connection import WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
-from udf_agent.runtime.relay_link import HEADER, MAX_QUEUED_LOG_BYTES, ChunkSplitter, RelayedConnection, log_message
 from udf_agent.runtime.writer import Writer
+from udf_agent.serve.relay_link import HEADER, MAX_QUEUED_LOG_BYTES, ChunkSplitter, RelayedConnection, log_message
 from udf_agent.wire.frames import encode_frame
 from udf_agent.wire.guard import error_frame
 

@@ -30,7 +30,7 @@ from benchmarks.driver import descendants, java_descendants
 from benchmarks.neighbours import SPARK as NEIGHBOURS_SPARK
 from benchmarks.neighbours import RoundTrips
 from udf_agent import udf_pb2
-from udf_agent.runtime.shared import shared_server_pids
+from udf_agent.serve.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver, grouped_point, option
 from udf_agent.wire.frames import encode_frame
 
@@ -565,7 +565,7 @@ class Keepalives:
 
 
 def task_status(shared_dir: str, task_id: str) -> dict:
-    from udf_agent.tools.status import ask, shared_sockets
+    from udf_agent.serve.status import ask, shared_sockets
 
     (path,) = shared_sockets(shared_dir)
     found = [task for task in ask(path, timeout=10)["tasks"] if task["taskID"] == task_id]

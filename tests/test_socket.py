@@ -885,7 +885,7 @@ def test_a_task_outlives_150_others_coming_and_going_and_keeps_its_history(serve
 def test_an_idle_server_waits_in_accept_until_its_idle_exit_could_be_due_and_shutdown_wakes_it(sock_dir):
     """An idle server with --idle-exit does not wake every second to look (CPU an idle task
     would pay); a stop must not wait for the idle exit."""
-    from udf_agent.runtime.socket_server import UnixSocketServer
+    from udf_agent.serve.socket_server import UnixSocketServer
 
     server = UnixSocketServer(os.path.join(sock_dir, "wake.sock"), make_agent=lambda connection: None, idle_exit=600)  # type: ignore[arg-type, return-value]
     looks = []
@@ -905,7 +905,7 @@ def test_an_idle_server_waits_in_accept_until_its_idle_exit_could_be_due_and_shu
 
 
 def test_a_server_exits_once_idle_for_its_idle_exit_counted_from_its_last_task(sock_dir):
-    from udf_agent.runtime.socket_server import UnixSocketServer
+    from udf_agent.serve.socket_server import UnixSocketServer
 
     server = UnixSocketServer(os.path.join(sock_dir, "idle.sock"), make_agent=lambda connection: None, idle_exit=1.0)  # type: ignore[arg-type, return-value]
     server.bind()

@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
@@ -20,11 +20,9 @@ if TYPE_CHECKING:
     from spark_backend import SparkEngine
     from udf_agent import udf_pb2
     from udf_agent.api import UDFSpec
-    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.engines import Engines
-    from udf_agent.runtime.logs import TaskLogRoutes
-    from udf_agent.runtime.shared import ServerOptions, Welcome
-    from udf_agent.runtime.transports import SocketConnection
+    from udf_agent.serve.socket_server import UnixSocketServer
 
 CommandFunction = TypeVar("CommandFunction", bound=Callable[..., None])
 
@@ -159,7 +157,7 @@ _log_format_option = click.option(
 def _metrics_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    from udf_agent.runtime.metrics import parse_address
+    from udf_agent.serve.metrics import parse_address
 
     try:
         parse_address(value)
@@ -182,7 +180,7 @@ def _serve_metrics(address: str | None, agents: Callable[[], list[Agent]], descr
         return None
     import logging
 
-    from udf_agent.runtime.metrics import MetricsError, serve_metrics
+    from udf_agent.serve.metrics import MetricsError, serve_metrics
 
     try:
         host, port = serve_metrics(address, agents, describe)
@@ -262,14 +260,6 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     return engine, {name: value for name, value in options.items() if name not in engine}
 
 
-def _agent_config(agent_options: dict[str, Any]) -> AgentConfig:
-    """The AgentConfig from the command-line options named after its fields."""
-    from udf_agent.runtime.agent import AgentConfig
-
-    policy, directory = agent_options.pop("on_error")
-    return AgentConfig(**agent_options, on_error=policy, dead_letter_dir=directory)
-
-
 def _on_stop_signals(stop: Callable[[str], None]) -> None:
     """The first SIGTERM/SIGINT calls ``stop(reason)`` (an orderly drain); a second exits at once."""
     import logging
@@ -340,13 +330,15 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
         server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
         from click.core import ParameterSource
 
-        from udf_agent.runtime.shared import ServerOptions
+        from udf_agent.serve.relay import relay_launch
+        from udf_agent.serve.shared import ServerOptions, ServerStart
 
         # What the command line gave: a task that gave no --shared-idle-exit asks none of a server already up.
         idle_exit_given = click.get_current_context().get_parameter_source("shared_idle_exit") is not ParameterSource.DEFAULT
         asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
-        _relay(target, settings, shared_idle_exit, agent_options, log_level, log_format, server_args, asked_of_server)
-    from udf_agent.runtime.agent import Agent
+        argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
+        relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None)
+    from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
 
@@ -354,34 +346,13 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     connection = claim_stdio()
     configure_logging(log_level, log_format)
     engines = _engines(master, confs, **engine_options)
-    agent = Agent(None, connection, engines, _agent_config(agent_options))
+    agent = Agent(None, connection, engines, AgentConfig.from_options(agent_options))
     _serve_metrics(metrics_address, lambda: [agent], engines.describe)
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
     code = agent.run(_load(target))
     _exit(code, engines)
-
-
-def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_options: dict[str, Any], log_level: str, log_format: str, server_args: list[str], asked_of_server: ServerOptions) -> NoReturn:
-    """The task as a relay to the shared Spark server (started if none is up); exits. The
-    launch is remembered for the next task started with this command line (see entry.py)."""
-    from udf_agent.runtime.relay import relay_stdio
-    from udf_agent.runtime.shared import Launch, ServerStart, locate, remember_launch
-
-    argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
-    hello = {"target": target, "agent": agent_options}
-
-    start = ServerStart(settings, idle_exit, list(server_args))
-
-    def join_server() -> Welcome:
-        server = locate(settings)
-        welcome = start.join(server, hello)
-        if isinstance(argv, list):
-            remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server, start))
-        return welcome
-
-    relay_stdio(join_server, log_level, log_format, asked_of_server, rejoin=lambda: start.join(locate(settings), hello))
 
 
 @main.command(cls=_TargetCommand)
@@ -394,9 +365,9 @@ def _relay(target: str, settings: dict[str, Any], idle_exit: float, agent_option
 @_compute_options
 def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, metrics_address: str | None, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
-    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.logs import configure_logging
-    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
+    from udf_agent.serve.socket_server import UnixSocketServer
 
     try:
         mode = int(socket_mode, 8)
@@ -408,7 +379,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     spec = _load(target)
     engine_options, agent_options = _split_options(options)
     engines = _engines(master, confs, **engine_options)
-    config = _agent_config(agent_options)
+    config = AgentConfig.from_options(agent_options)
     server = UnixSocketServer(
         socket_path,
         lambda connection: Agent(spec, connection, engines, config),
@@ -419,15 +390,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
         describe=lambda: {"kind": "serve", "target": target, **engines.describe()},
     )
     _serve_metrics(metrics_address, server.agents, engines.describe)
-    try:
-        server.bind()
-    except SocketServerError as exc:
-        raise click.ClickException(str(exc)) from None
-    _on_stop_signals(server.shutdown)
-    # One Spark for every connection, started now: the first Init finds it warm.
-    engines.warm_up(spec)
-    server.serve_forever()
-    _exit(0, engines)
+    _serve_until_stopped(server, engines, lambda: engines.warm_up(spec))
 
 
 @main.command(name="shared-server")
@@ -447,10 +410,9 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     $XDG_RUNTIME_DIR/udf-agent, else /tmp/udf-agent-UID), logs to the .log file beside
     its socket, and exits after --idle-exit with no task."""
     import json
-    import logging
 
-    from udf_agent.runtime.logs import TaskLogRoutes, configure_logging
-    from udf_agent.runtime.socket_server import SocketServerError, UnixSocketServer
+    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.serve.shared_server import shared_socket_server
 
     try:
         settings = json.loads(settings_json)
@@ -458,78 +420,27 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not the settings 'run' passes: {exc}", param_hint="--settings") from None
     configure_logging(log_level, log_format)
-    log_routes = TaskLogRoutes()  # each task's records to its relay as well
-    logging.getLogger().addHandler(log_routes)
-    sessions = _SharedSessions(engines, os.path.splitext(os.path.abspath(socket_path))[0] + ".log", log_routes, idle_exit)
-    server = UnixSocketServer(
-        socket_path,
-        sessions,
-        mode=0o600,
-        max_connections=max_connections,
-        idle_exit=idle_exit,
-        describe=lambda: {"kind": "shared-server", **engines.describe()},
-    )
+    server, sessions = shared_socket_server(socket_path, engines, idle_exit, max_connections)
     metrics_url = _serve_metrics(metrics_address, server.agents, engines.describe)
     if metrics_address is not None and metrics_url is not None:
         sessions.metrics = (metrics_address, metrics_url)
+    _serve_until_stopped(server, engines, engines.warm_up_spark)
+
+
+def _serve_until_stopped(server: UnixSocketServer, engines: Engines, warm_up: Callable[[], None]) -> None:
+    """Listens (or stops the command with one line saying why it cannot), serves until a stop
+    signal (or, for the shared server, its idle exit), then exits. Spark starts before the
+    first connection: the first task's Init finds it warm."""
+    from udf_agent.serve.socket_server import SocketServerError
+
     try:
         server.bind()
     except SocketServerError as exc:
         raise click.ClickException(str(exc)) from None
     _on_stop_signals(server.shutdown)
-    engines.warm_up_spark()  # the first task's Init finds it warm
+    warm_up()
     server.serve_forever()
     _exit(0, engines)
-
-
-class _SharedSessions:
-    """The shared server's sessions: each connection names its target and options first."""
-
-    def __init__(self, engines: Engines, log_path: str, log_routes: TaskLogRoutes, idle_exit: float):
-        self._engines = engines
-        self._log_path = log_path
-        self._log_routes = log_routes
-        self._idle_exit = idle_exit
-        # (--metrics-address, the URL it is served at), once it is; before the first task connects.
-        self.metrics: tuple[str, str] | None = None
-
-    def __call__(self, connection: SocketConnection) -> Agent:
-        import json
-
-        from udf_agent.runtime.agent import Agent
-        from udf_agent.runtime.shared import answer_line, read_line
-        from udf_agent.runtime.socket_server import SessionRefused
-
-        line = read_line(connection.read)
-        if line is None:
-            raise SessionRefused("the connection closed before its handshake")
-        try:
-            hello = json.loads(line)
-            spec = self._spec(str(hello["target"]))
-            config = _agent_config(dict(hello["agent"]))
-        except (click.ClickException, ValueError, KeyError, TypeError) as exc:
-            message = exc.format_message() if isinstance(exc, click.ClickException) else f"not a task's handshake: {exc!r}"
-            connection.write(answer_line({"error": message}))
-            raise SessionRefused(message) from None
-        metrics_address, metrics_url = self.metrics or (None, None)
-        # How the task that started this server set it up: the relay tells a task that asked otherwise.
-        connection.write(answer_line({"pid": os.getpid(), "log": self._log_path, "metrics_address": metrics_address, "metrics_url": metrics_url, "idle_exit": self._idle_exit}))
-        from udf_agent.runtime.relay_link import RelayedConnection
-
-        link = RelayedConnection(connection.sock)
-        agent = Agent(spec, link, self._engines, config, checkpoints=link)
-        link.forward_logs(self._log_routes, agent.labels, agent.writer)
-        return agent
-
-    def _spec(self, target: str) -> UDFSpec:
-        """The target's UDF; a module of the user's changed on disk since is imported afresh,
-        so a task redefined after an edit runs the new code (tasks already running keep theirs)."""
-        from udf_agent.targets import TargetError, resolve_fresh
-
-        try:
-            return resolve_fresh(target)
-        except TargetError as exc:
-            raise click.ClickException(str(exc)) from None
 
 
 @main.command()
@@ -558,8 +469,8 @@ def status(socket_path: str | None, as_json: bool, timeout: float) -> None:
     Exit 1 with one line saying why when a server cannot be asked."""
     import json
 
-    from udf_agent.runtime.shared import SharedServerError, shared_directory
-    from udf_agent.tools.status import StatusError, ask, shared_sockets, table
+    from udf_agent.serve.shared import SharedServerError, shared_directory
+    from udf_agent.serve.status import StatusError, ask, shared_sockets, table
 
     if socket_path is not None:
         paths = [socket_path]

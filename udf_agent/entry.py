@@ -2,7 +2,7 @@
 
 Kapacitor starts a task's process and asks it for Info at once. A task started with the same
 command line as an earlier one, whose shared server still listens, joins that server as the
-earlier one did (``runtime/shared.py``, "Remembered launches") without importing the command
+earlier one did (``serve/shared.py``, "Remembered launches") without importing the command
 line's machinery; anything else goes to ``cli.py``.
 """
 
@@ -22,8 +22,8 @@ def main() -> None:
 
 
 def _rejoin_remembered(argv: list[str]) -> None:
-    from udf_agent.runtime.relay import relay_stdio
-    from udf_agent.runtime.shared import SharedServerError, recall_launch, rejoin
+    from udf_agent.serve.relay import relay_stdio
+    from udf_agent.serve.shared import SharedServerError, recall_launch, rejoin
 
     try:
         launch = recall_launch(argv)

@@ -81,6 +81,13 @@ class AgentConfig:
     # How long an adaptive flush lets a micro-batch gather while points flow in fast.
     gather: float = GATHER
 
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> AgentConfig:
+        """From options named after its fields, ``on_error`` as (policy, dead-letter directory):
+        the command line's, or those a relay's handshake carries to the shared server."""
+        policy, directory = options["on_error"]
+        return cls(**{name: value for name, value in options.items() if name != "on_error"}, on_error=policy, dead_letter_dir=directory)
+
 
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
 # anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire

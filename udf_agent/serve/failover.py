@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from udf_agent.runtime.relay_link import Checkpoint
+from udf_agent.serve.relay_link import Checkpoint
 
 # The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
 INIT_REPLY = (2 << 3) | 2

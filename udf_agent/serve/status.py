@@ -10,7 +10,7 @@ import socket
 import time
 from typing import Any
 
-from udf_agent.runtime.socket_server import STATUS_REQUEST
+from udf_agent.serve.socket_server import STATUS_REQUEST
 
 # The answer is a few hundred bytes a task; anything past this is not one.
 MAX_ANSWER = 64 * 1024 * 1024

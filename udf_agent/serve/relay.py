@@ -19,14 +19,14 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from udf_agent.runtime.failover import CarryOver, CarryOverError
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.relay_link import ChunkSplitter
-from udf_agent.runtime.shared import ServerOptions, SharedServerError, Welcome, options_not_used, server_alive
 from udf_agent.runtime.transports import claim_stdio_fds
+from udf_agent.serve.failover import CarryOver, CarryOverError
+from udf_agent.serve.relay_link import ChunkSplitter
+from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
 from udf_agent.wire.frames import FrameSplitter, encode_varint
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,22 @@ SERVER_END_GRACE = 0.5
 # abort stops reading first (as the agent's own writer does at a stop).
 STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
+
+
+def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None) -> NoReturn:
+    """The task as a relay to the shared Spark server for ``start``'s settings (started if none
+    is up), which it asks to run ``target`` with ``agent_options``; exits. The launch is
+    remembered for the next task started with ``argv``, the raw command line (see entry.py)."""
+    hello = {"target": target, "agent": agent_options}
+
+    def join_server() -> Welcome:
+        server = locate(start.settings)
+        welcome = start.join(server, hello)
+        if argv is not None:
+            remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server, start))
+        return welcome
+
+    relay_stdio(join_server, log_level, log_format, asked_of_server, rejoin=lambda: start.join(locate(start.settings), hello))
 
 
 def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions, rejoin: Callable[[], Welcome] | None = None) -> NoReturn:

@@ -3,8 +3,9 @@
 Kapacitor starts a process per task. Unless told ``--own-spark``, ``udf-agent run`` does not
 compute: it finds the shared server for its install and Spark settings, starting it if none
 is up, and relays Kapacitor's bytes to it (``relay.py``). The server is ``udf-agent
-shared-server``: ``serve`` for any target, with the target and the task's own options named
-per connection in a handshake line, so every task shares its one Spark and resident workers.
+shared-server`` (``shared_server.py``): ``serve`` for any target, with the target and the
+task's own options named per connection in a handshake line, so every task shares its one
+Spark and resident workers.
 
 Where servers live: a directory only this user may enter (``$UDF_AGENT_SHARED_DIR``, else
 ``$XDG_RUNTIME_DIR/udf-agent``, else ``/tmp/udf-agent-UID``), one socket per key. The key
@@ -229,7 +230,7 @@ class Welcome(NamedTuple):
 def options_not_used(welcome: Welcome, asked: ServerOptions) -> list[str]:
     """A notice for each thing the task asked of its server that the server, started by an
     earlier task with other options, does otherwise."""
-    from udf_agent.runtime.metrics import parse_address
+    from udf_agent.serve.metrics import parse_address
 
     served = welcome.started_with
     if served is None:
