@@ -79,9 +79,12 @@ def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(
         resident.batch_timeout = 60.0
         _signal_all(stuck, signal.SIGKILL)
     assert results["error"].isna().all()
-    assert resident.launches == launches + 1
+    # One part, or two on both workers (the fair shares cut a slow micro-batch into parts
+    # while other tasks are active): each stuck worker that had one was replaced.
+    assert 1 <= resident.launches - launches <= 2
     assert 3.0 <= elapsed < 30, elapsed
-    # The other stopped worker, killed above while idle, has its slot launched again too.
+    # A stopped worker without a part, killed above while idle, has its slot launched again
+    # too: each slot once in all.
     deadline = time.monotonic() + 60
     while set(stuck) & set(resident.worker_pids()) or len(resident.worker_pids()) < 2:
         assert time.monotonic() < deadline, "the killed idle worker's slot was not launched again"
