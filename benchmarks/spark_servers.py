@@ -87,9 +87,13 @@ def _kill_group(process: subprocess.Popen[bytes], signum: int) -> bool:
 
 
 @contextlib.contextmanager
-def standalone_cluster(work: Path, workers: int = 1, cores: int = 2, memory: str = "1g") -> Iterator[tuple[str, Daemons]]:
-    """The master's URL once ``workers`` workers have registered with it."""
+def standalone_cluster(work: Path, workers: int = 1, cores: int = 2, memory: str = "1g", recovery: bool = False) -> Iterator[tuple[str, Daemons]]:
+    """The master's URL once ``workers`` workers have registered with it. With ``recovery`` the
+    master keeps its applications and workers on disk (Spark's FILESYSTEM recovery mode), so
+    that, restarted (``daemons.restart("master")``), it takes them back."""
     daemons = Daemons(work)
+    if recovery:
+        daemons.env["SPARK_MASTER_OPTS"] = f"-Dspark.deploy.recoveryMode=FILESYSTEM -Dspark.deploy.recoveryDirectory={work / 'recovery'}"
     port = free_port()
     url = f"spark://127.0.0.1:{port}"
     try:

@@ -154,10 +154,10 @@ class SparkEngine:
             if started >= deadline:
                 raise SparkSessionLost(f"the Spark Connect session on {lost.url} was lost ({cause}) and the micro-batch is past its --batch-timeout ({self.settings.batch_timeout:g} s)")
             log.warning("the Spark Connect session on %s was lost (%s): opening a new one and computing the micro-batch again", lost.url, cause)
-            if self._resident is not None:
-                self._resident.stop()
-                self._resident = None
-            lost.stop()
+            # Ending the old resident workers and closing the lost session wait for their last
+            # requests to give up (seconds, when the server is gone): in the background.
+            retired, self._resident = self._resident, None
+            threading.Thread(target=_retire_session, args=(retired, lost), name="spark-session-retire", daemon=True).start()
             attempts = 0
             while True:
                 attempts += 1
@@ -310,6 +310,12 @@ class SparkEngine:
                 _warm_workers(session)
             except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself
                 log.warning("warming Spark's Python workers failed: %s", first_line(exc))
+
+
+def _retire_session(resident: ResidentWorkers | None, session: SparkSession) -> None:
+    if resident is not None:
+        resident.stop()
+    session.stop()
 
 
 _SHIPPED: set[str] = set()

@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
@@ -93,7 +92,7 @@ class SparkSession(Protocol):
     def jvm_exit_code(self) -> int | None:
         """The exit code of this process's JVM if it has died; None while it runs (or there is none)."""
 
-    def in_use(self, on_lost: Callable[[], None] | None = None) -> AbstractContextManager[None]:
+    def in_use(self, on_lost: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
         """Around a micro-batch on the session. A Connect session stays alive until
         ``KEEPALIVE_AFTER_USE`` after the last one; found lost while one runs, it calls that
         micro-batch's ``on_lost``, which ends what it waits on."""
@@ -220,7 +219,7 @@ class ClassicSession:
         process = getattr(SparkContext._gateway, "proc", None)
         return None if process is None else process.poll()
 
-    def in_use(self, on_lost: Callable[[], None] | None = None) -> AbstractContextManager[None]:
+    def in_use(self, on_lost: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # the session lives as long as its JVM
 
     def lost(self, ask: bool = True) -> str | None:
@@ -323,7 +322,8 @@ class ConnectSession:
         self.dataframes.removeTag(tag)
 
     def cancel(self, tag: str) -> None:
-        self.dataframes.interruptTag(tag)
+        if self._lost is None and not self._stopping:  # a lost session's jobs ended with it, or cannot be reached
+            self.dataframes.interruptTag(tag)
 
     def jvm_exit_code(self) -> int | None:
         return None  # the server's JVM is not ours to watch

@@ -57,9 +57,9 @@ def agent(request):
         driver.kill()
 
 
-def _outputs(driver: KapacitorDriver, count: int) -> list:
+def _outputs(driver: KapacitorDriver, count: int, timeout: float = 180) -> list:
     try:
-        points = driver.responses.wait_for("point", count, timeout=180)
+        points = driver.responses.wait_for("point", count, timeout=timeout)
     except AssertionError as exc:  # an ErrorResponse: say it, with the end of the agent's log
         errors = [e.error for e in driver.responses.of("error")]
         raise AssertionError(f"{exc}: {errors}\n{driver.log()[-4000:]}") from None
@@ -285,20 +285,23 @@ def test_a_task_outlives_its_spark_connect_session_timeout(tmp_path):
             sent = _send_points(driver, rng, range(500))
             _outputs(driver, 500)
             _wait_until(lambda: "resident workers released" in driver.log(), "the idle task's workers released")
-            idle = SparkSession.builder.remote(url).create()
-            try:
-                idle.conf.get("spark.sql.session.timeZone")
-                _wait_until(lambda: any(idle.session_id in line for line in _expired(server_log)), "the test's idle session closed by the server")
-            finally:
-                idle.stop()
+            # Idle twice past the timeout (the release's last requests come just after its line):
+            # a session of the test's own, opened then idle, is closed by the server each time.
+            for _ in range(2):
+                idle = SparkSession.builder.remote(url).create()
+                try:
+                    idle.conf.get("spark.sql.session.timeZone")
+                    _wait_until(lambda session=idle.session_id: any(session in line for line in _expired(server_log)), "the test's idle session closed by the server")
+                finally:
+                    idle.stop()
             sent += _send_points(driver, rng, range(500, 1000))
             _outputs(driver, 1000)
-            assert len(_expired(server_log)) == 1 and "was lost" not in driver.log()
+            assert len(_expired(server_log)) == 2 and "was lost" not in driver.log(), driver.log()[-4000:]
 
             _wait_until(lambda: driver.log().count("resident workers released") == 2, "the task's workers released again")
             os.kill(driver.process.pid, signal.SIGSTOP)
             try:
-                _wait_until(lambda: len(_expired(server_log)) == 2, "the stopped task's session closed by the server")
+                _wait_until(lambda: len(_expired(server_log)) == 3, "the stopped task's session closed by the server")
             finally:
                 os.kill(driver.process.pid, signal.SIGCONT)
             sent += _send_points(driver, rng, range(1000, 1500))
@@ -311,31 +314,56 @@ def test_a_task_outlives_its_spark_connect_session_timeout(tmp_path):
     _assert_moving_avg(points, sent, 4)
 
 
+def _compute_across_a_restart(driver: KapacitorDriver, restart, rng: random.Random) -> tuple[list, list[tuple[int, str, float]]]:
+    """500 points computed, ``restart`` called, 500 more sent at once: the micro-batch waits
+    for the server while Kapacitor's keepalives are answered. The outputs and what was sent."""
+    assert driver.init(option("field", "v"), option("size", 4)).success
+    sent = _send_points(driver, rng, range(500))
+    _outputs(driver, 500)
+    _wait_until(lambda: "resident Spark worker(s) connected" in driver.log(), "a resident worker connected")
+    restart()
+    sent += _send_points(driver, rng, range(500, 1000))
+    keepalives, deadline = 0, time.monotonic() + 240
+    while len(driver.responses.of("point")) < 1000 and not driver.responses.of("error") and time.monotonic() < deadline:
+        keepalives += 1
+        driver.keepalive(keepalives)
+        # Answered within Kapacitor's default UDF timeout, past which it would kill the task.
+        driver.responses.wait_for("keepalive", keepalives, timeout=10)
+        time.sleep(0.5)
+    assert keepalives > 0
+    return _outputs(driver, 1000, timeout=1), sent
+
+
 def test_a_task_waits_for_its_spark_connect_server_to_restart(tmp_path):
     """The server is killed between micro-batches and started again on its port: the next
-    micro-batch waits for it, answering Kapacitor's keepalives meanwhile, opens a new session,
-    relaunches the resident workers there and is computed; every output is the uninterrupted
-    run's."""
-    rng = random.Random(13)
+    micro-batch waits for it, opens a new session, relaunches the resident workers there and
+    is computed; every output is the uninterrupted run's."""
     with connect_server(tmp_path) as (url, daemons):
         driver = KapacitorDriver("run", "moving_avg", "--remote", url, "--flush-interval", "50ms", "--batch-timeout", "180s", cwd=ROOT)
         try:
-            assert driver.init(option("field", "v"), option("size", 4)).success
-            sent = _send_points(driver, rng, range(500))
-            _outputs(driver, 500)
-            _wait_until(lambda: "resident Spark worker(s) connected" in driver.log(), "a resident worker connected")
-            daemons.restart("connect")  # killed; the new server takes a while to listen
-            sent += _send_points(driver, rng, range(500, 1000))
-            keepalives = 0
-            while len(driver.responses.of("point")) < 1000 and not driver.responses.of("error"):
-                keepalives += 1
-                driver.keepalive(keepalives)
-                # Answered within Kapacitor's default UDF timeout, which would kill the task.
-                driver.responses.wait_for("keepalive", keepalives, timeout=10)
-                time.sleep(0.5)
-            points = _outputs(driver, 1000)
+            points, sent = _compute_across_a_restart(driver, lambda: daemons.restart("connect"), random.Random(13))
             log = driver.log()
-            assert keepalives > 0 and "opening a new one and computing the micro-batch again" in log, log[-4000:]
+        finally:
+            driver.kill()
+    assert "opening a new one and computing the micro-batch again" in log, log[-4000:]
+    _assert_moving_avg(points, sent, 4)
+
+
+def test_a_task_waits_for_its_standalone_master_to_restart(tmp_path):
+    """A master run with a recovery mode, killed between micro-batches and started again,
+    takes the task's application back. The worker registers with it again and, told to, kills
+    the task's executor; the next micro-batch waits for a new one (its resident worker is
+    relaunched there) and is computed; every output is the uninterrupted run's."""
+    with standalone_cluster(tmp_path, recovery=True) as (url, daemons):
+        driver = KapacitorDriver("run", "moving_avg", "--master", url, "--flush-interval", "50ms", "--batch-timeout", "180s", cwd=ROOT)
+
+        def restart() -> None:
+            daemons.restart("master")
+            worker_log = tmp_path / "worker0.log"
+            _wait_until(lambda: "Asked to kill executor" in worker_log.read_text(errors="replace"), "the task's executor killed after the restart")
+
+        try:
+            points, sent = _compute_across_a_restart(driver, restart, random.Random(17))
         finally:
             driver.kill()
     _assert_moving_avg(points, sent, 4)
