@@ -206,26 +206,39 @@ class SparkEngine:
 
     def _run_until_resident(self, resident: ResidentWorkers, job: Job, tasks: pa.Table) -> pa.Table | None:
         """The micro-batch as a Spark job, cancelled (None) as soon as a resident worker
-        connects: the job may be waiting for the very cores the resident tasks now hold."""
+        connects: the job may be waiting for the very cores the resident tasks now hold.
+        Past --batch-timeout it is cancelled and fails (a cluster that forgot the application,
+        a master restarted without recovery, gives it no core ever)."""
         assert self._session is not None
         session = self._session
         tag = f"udf-agent-fallback-{os.getpid()}-{id(self)}-{next(self._fallbacks)}"
         done = threading.Event()
         cancelled = threading.Event()
+        timed_out = threading.Event()
+        deadline = time.monotonic() + self.settings.batch_timeout
 
-        def cancel_once_resident() -> None:
+        def cancel_once_resident_or_late() -> None:
             while not done.wait(CANCEL_CHECK_INTERVAL):
-                if resident.connected():
+                late = time.monotonic() >= deadline
+                if late:
+                    timed_out.set()
+                elif resident.connected():
                     cancelled.set()
+                if late or cancelled.is_set():
                     session.cancel(tag)  # again until the job ends: it may not be submitted yet
 
-        threading.Thread(target=cancel_once_resident, name="spark-fallback-cancel", daemon=True).start()
+        threading.Thread(target=cancel_once_resident_or_late, name="spark-fallback-cancel", daemon=True).start()
         session.tag_jobs(tag)
         try:
             return self._run_as_job(job, tasks)
-        except Exception:
+        except Exception as exc:
             if cancelled.is_set():
                 return None
+            if timed_out.is_set():
+                raise RuntimeError(
+                    f"the micro-batch ran as a Spark job (no resident worker connected) for longer than --batch-timeout ({self.settings.batch_timeout:g} s): "
+                    f"Spark gave it no core or did not finish it; cancelled ({first_line(exc)})"
+                ) from exc
             raise
         finally:
             done.set()

@@ -138,6 +138,8 @@ START_TIMEOUT = 120.0
 # A slot whose job ended with no worker connected (its task failed) is launched again at
 # most this often; micro-batches run on the other slots, or as Spark jobs, meanwhile.
 RELAUNCH_INTERVAL = 30.0
+# ... and at most this often when a micro-batch waits for it (a retry, after an idle release).
+FORCED_RELAUNCH_INTERVAL = 1.0
 # After a worker is lost, how long its job gets to end and say why (Spark's crash report).
 LOSS_REPORT_WAIT = 3.0
 # The task whose tenant is not named (a caller outside an agent: tests, benchmarks).
@@ -388,7 +390,7 @@ class ResidentWorkers:
                         self._revive(now, force=True)
                     if now >= until:
                         raise WorkerLost(self._no_slot_cause(fresh_after))
-                    self._cond.wait(until - now)
+                    self._cond.wait(min(until - now, FORCED_RELAUNCH_INTERVAL) if fresh_after is not None else until - now)
             finally:
                 if not ticket.granted:
                     self._fair.withdraw(ticket)
@@ -462,14 +464,16 @@ class ResidentWorkers:
 
     def _revive(self, now: float, force: bool) -> None:
         """Launches again the slots whose job ended with no worker (caller holds ``_cond``):
-        at once if ``force`` (after an idle release, or for a retry), else at most every
-        RELAUNCH_INTERVAL."""
+        if ``force`` (after an idle release, or for a retry) at most every
+        FORCED_RELAUNCH_INTERVAL (a job that fails at once, on a lost session say, must not
+        be launched in a loop), else at most every RELAUNCH_INTERVAL."""
         if self._released:
             log.info("a micro-batch after an idle spell: relaunching the resident workers")
             self._released = False
+        interval = FORCED_RELAUNCH_INTERVAL if force else RELAUNCH_INTERVAL
         for slot in self._slots:
             ended = slot.job_thread is None or not slot.job_thread.is_alive()
-            if slot.worker is None and ended and (force or now - slot.launched_at >= RELAUNCH_INTERVAL):
+            if slot.worker is None and ended and now - slot.launched_at >= interval:
                 self._launch(slot)
 
     # ---- the resident jobs ----

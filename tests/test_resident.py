@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -279,3 +280,43 @@ def test_a_slow_tasks_micro_batch_leaves_its_neighbour_a_slot(spark_engine):
     assert max(trips) < seconds, trips
     assert max(slow.held) == 1, slow.held
     assert sum(trips) < 4 * seconds  # the slow one (four calls on one slot) was still going
+
+
+def _hold_a_core(started: str, frames):
+    open(started, "w").close()
+    time.sleep(30)
+    yield from frames
+
+
+def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeout(spark_engine, tmp_path):
+    """No resident worker, and Spark gives the fallback job no core (a cluster that forgot
+    the application looks the same): cancelled at --batch-timeout, saying so, not waited for."""
+    from spark_backend import SparkEngine, SparkSettings
+
+    session = spark_engine.session
+    blocker_group = "test-holds-the-third-core"
+    holding = tmp_path / "holding"
+
+    def hold() -> None:
+        session.tag_jobs(blocker_group)
+        try:
+            session.dataframes.range(0, 1, 1, 1).mapInPandas(functools.partial(_hold_a_core, str(holding)), schema="id long").collect()
+        except Exception:
+            pass  # cancelled below
+
+    engine = SparkEngine(SparkSettings(master="local[3]", dispatch="jobs", batch_timeout=3.0), session=session)
+    blocker = threading.Thread(target=hold, daemon=True)
+    blocker.start()
+    deadline = time.monotonic() + 60
+    while not holding.exists():  # its task holds the core the resident workers leave
+        assert time.monotonic() < deadline, "the blocking job never got a core"
+        time.sleep(0.05)
+    never_connected = ResidentWorkers(session, 1, session.agent_host(), batch_timeout=3.0)  # never started
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"longer than --batch-timeout \(3 s\)"):
+            engine._run_until_resident(never_connected, Job(moving_avg, {"field": "i", "size": 2, "as": "avg"}), stream_tasks(rich_points(8)))
+        assert time.monotonic() - started < 20
+    finally:
+        session.cancel(blocker_group)
+        blocker.join(30)
