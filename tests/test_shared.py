@@ -47,6 +47,12 @@ def shared_dir():
     """A private directory for this test's shared servers; they are killed afterwards."""
     directory = tempfile.mkdtemp(prefix="uas-")  # short: a socket path has 107 bytes at most
     yield directory
+    kill_servers(directory)
+
+
+def kill_servers(directory: str) -> None:
+    """Every shared server of ``directory``, with its JVM and workers (it leads its own
+    session), and the directory."""
     for pid in shared_server_pids(directory):
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -403,12 +409,7 @@ def metrics_server():
         yield MetricsServer(directory, task, url)
     finally:
         task.kill()
-        for pid in shared_server_pids(directory):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(directory, ignore_errors=True)
+        kill_servers(directory)
 
 
 def resident_mb(pid: int) -> float:
