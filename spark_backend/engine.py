@@ -36,7 +36,8 @@ from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartErr
 from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_ddl
-from udf_agent.compute.engine import Tenant
+from udf_agent.compute.engine import EngineStartError, Tenant
+from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
 from udf_agent.runtime.collector import freeze_startup_objects
@@ -140,6 +141,24 @@ class SparkEngine:
                         raise
             # The windows live in the agent: the same micro-batch on a new session is enough.
             self._open_new_session(session, cause, deadline)
+
+    def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
+        """A Handler script's requests, on the resident worker its handler lives on."""
+        exit_code = self._jvm_exit_code() if self._ready.is_set() else None
+        if exit_code is not None:
+            self._replace_dead_jvm(exit_code)
+        self.wait_ready()
+        session, resident = self._session, self._resident
+        assert session is not None  # ready
+        if resident is None:
+            raise EngineStartError("a Kapacitor Handler script's handler lives on a resident worker: it cannot run with --spark-dispatch jobs")
+        with session.in_use(on_lost=resident.stop):
+            return resident.run_handler(call, tenant)
+
+    def forget_handler(self, task: str) -> None:
+        resident = self._resident
+        if resident is not None:
+            resident.forget_handler(task)
 
     def _open_new_session(self, lost: SparkSession, cause: str, deadline: float) -> None:
         """Replaces ``lost``, a Spark Connect session its server closed (after its session

@@ -41,6 +41,7 @@ class Ticket:
     number: int
     granted: bool = False
     fresh_after: float | None = None  # only a slot whose worker connected after this will do
+    home: object | None = None  # only this worker will do, while it is there (a Handler's)
 
 
 @dataclass(eq=False)

@@ -25,6 +25,7 @@ results travel as Arrow IPC.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -46,7 +47,22 @@ from typing import TYPE_CHECKING, TypeVar
 import pyarrow as pa
 
 from spark_backend.fairness import FairShares, Ticket
-from spark_backend.resident_protocol import FAILURE, HELLO, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, WELCOME, JobCache, receive_message, send_message
+from spark_backend.resident_protocol import (
+    FAILURE,
+    HANDLER,
+    HELLO,
+    JOB,
+    JOB_KEY_BYTES,
+    KEPT_JOBS,
+    OVER_MEMORY,
+    TASKS,
+    WELCOME,
+    JobCache,
+    handler_call_parts,
+    read_handler_outcome,
+    receive_message,
+    send_message,
+)
 from spark_backend.resident_worker import serve_slot
 from udf_agent.compute.contract import Job
 from udf_agent.errors import first_line
@@ -54,6 +70,7 @@ from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession
+    from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
     from udf_agent.compute.engine import Tenant
 
 log = logging.getLogger(__name__)
@@ -103,6 +120,8 @@ class _Worker:
     job: _SlotJob
     jobs: JobCache[None] = field(default_factory=JobCache)
     busy: bool = False
+    handlers: set[str] = field(default_factory=set)  # the Handler scripts' tasks living here
+    forget: list[str] = field(default_factory=list)  # ... that ended: told with the next call
 
     def __str__(self) -> str:
         return f"resident worker {self.slot} (pid {self.pid})"
@@ -175,6 +194,7 @@ class ResidentWorkers:
         self._released = False
         self._last_used = time.monotonic()
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
+        self._homes: dict[str, _Worker] = {}  # where each Handler script's task's handler lives
         self._pickle_lock = threading.Lock()
         self._stopped = threading.Event()
         # Wakes the idle-release thread: a launch (its workers' idle spell begins) or a stop.
@@ -233,6 +253,79 @@ class ResidentWorkers:
             parts = _split(tasks, share, at_least=self._fair.parts_for(key, tasks.num_rows, now))
         results = self._run_parts(job, [_Part(i, part) for i, part in enumerate(parts)], key, tenant)
         return pa.concat_tables(results) if len(results) > 1 else results[0]
+
+    def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
+        """A Handler script's requests, on the worker its handler lives on (its home), the
+        slot granted fairly like any part; a task without a home (its first call, or its
+        worker lost or released) is given one, where its handler is built or rebuilt. A
+        worker lost during the call: the call is retried once on a fresh worker."""
+        if self._stopped.is_set():
+            raise WorkerLost("the engine was stopped")
+        key: Hashable = tenant if tenant is not None else _ANONYMOUS
+        self._await_a_worker(time.monotonic() + START_TIMEOUT)
+        retry_of: str | None = None
+        fresh_after: float | None = None
+        while True:
+            with self._cond:
+                home = self._homes.get(call.task)
+            until = time.monotonic() + (self.batch_timeout if fresh_after is None else max(self.batch_timeout, START_TIMEOUT))
+            worker = self._acquire(key, tenant, until, block=True, fresh_after=fresh_after, home=home)
+            assert worker is not None
+            rebuild = call.task not in worker.handlers
+            if rebuild and call.rebuild.lost is not None and (home is not None or retry_of is not None):
+                self._release(worker, key, tenant)
+                raise WorkerLost(f"the handler's worker was lost and the handler cannot be rebuilt: {call.rebuild.lost}")
+            with self._cond:
+                forget, worker.forget = tuple(worker.forget), []
+            parts = handler_call_parts(dataclasses.replace(call, forget=call.forget + forget), rebuild)
+            sent_at = time.monotonic()
+            try:
+                self._exchange(worker, sent_at + self.batch_timeout, functools.partial(send_message, worker.sock, HANDLER, *parts))
+                kind, payload = self._exchange(worker, sent_at + self.batch_timeout, functools.partial(_next_message, worker))
+            except WorkerLost as lost:
+                self._lose(worker, key, tenant)
+                report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
+                what = f"{lost} while computing {call.script.name}'s handler{report}"
+                if retry_of is not None:
+                    raise WorkerLost(f"{call.script.name}: its handler's requests failed twice on Spark's resident workers: {retry_of}; then {what}") from None
+                log.warning("%s; slot %d launched again and the handler rebuilt there from its last snapshot", what, worker.slot)
+                retry_of, fresh_after = what, time.monotonic()
+                continue
+            if kind == OVER_MEMORY:
+                self._lose(worker, key, tenant)
+                raise WorkerOverMemory(f"{call.script.name}: {payload.decode(errors='replace')}")
+            self._release(worker, key, tenant)
+            if kind == FAILURE:
+                raise RuntimeError(f"{worker} failed: {payload.decode(errors='replace')}")
+            outcome = read_handler_outcome(payload)
+            outcome.where = f"on {worker}"
+            with self._cond:
+                if outcome.error is None:
+                    worker.handlers.add(call.task)
+                    self._homes[call.task] = worker
+                else:
+                    worker.handlers.discard(call.task)
+                    self._homes.pop(call.task, None)
+            return outcome
+
+    def forget_handler(self, task: str) -> None:
+        """The task ended: its handler is let go with its home worker's next call."""
+        with self._cond:
+            home = self._homes.pop(task, None)
+            if home is not None:
+                home.handlers.discard(task)
+                home.forget.append(task)
+
+    def _await_a_worker(self, deadline: float) -> None:
+        """A Handler's state lives on a worker: it waits for one (no Spark job stands in)."""
+        while True:
+            try:
+                self._await_first_worker()
+                return
+            except NoResidentWorker:
+                if time.monotonic() >= deadline:
+                    raise
+                self.wait_for_workers(1, 1.0)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -362,20 +455,21 @@ class ResidentWorkers:
 
     # ---- slots, shared fairly ----
 
-    def _acquire(self, key: Hashable, tenant: Tenant | None, until: float, block: bool, fresh_after: float | None) -> _Worker | None:
+    def _acquire(self, key: Hashable, tenant: Tenant | None, until: float, block: bool, fresh_after: float | None, home: _Worker | None = None) -> _Worker | None:
         """A free worker granted to this task by the fair shares (None if ``block`` is False
-        and none is granted at once); WorkerLost past ``until``."""
+        and none is granted at once), ``home`` while it is there; WorkerLost past ``until``."""
         with self._cond:
             asked = time.monotonic()
             ticket = self._fair.wait(key, asked)
             ticket.fresh_after = fresh_after
+            ticket.home = home
             try:
                 while True:
                     if self._stopped.is_set():
                         raise WorkerLost("the engine was stopped")
                     now = time.monotonic()
                     if self._fair.next_ticket(self.slots, now, self._can_serve) is ticket:
-                        worker = self._free_worker(fresh_after)
+                        worker = self._free_worker(fresh_after, home)
                         assert worker is not None
                         self._fair.grant(ticket, now)
                         worker.busy = True
@@ -397,9 +491,11 @@ class ResidentWorkers:
                     self._cond.notify_all()  # the next waiter may be served now
 
     def _can_serve(self, ticket: Ticket) -> bool:
-        return self._free_worker(ticket.fresh_after) is not None
+        return self._free_worker(ticket.fresh_after, ticket.home) is not None
 
-    def _free_worker(self, fresh_after: float | None) -> _Worker | None:
+    def _free_worker(self, fresh_after: float | None, home: object | None = None) -> _Worker | None:
+        if isinstance(home, _Worker) and self._slots[home.slot].worker is home:
+            return None if home.busy else home
         for slot in self._slots:
             worker = slot.worker
             if worker is not None and not worker.busy and (fresh_after is None or worker.connected_at > fresh_after):

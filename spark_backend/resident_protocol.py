@@ -2,11 +2,14 @@
 
 A header (kind: 1 byte, payload length: 8 bytes), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
-UDF, keyed by a digest of its pickle; tasks and results travel as Arrow IPC.
+UDF, keyed by a digest of its pickle; tasks and results travel as Arrow IPC. A Kapacitor
+Handler script's requests travel as HANDLER (a JSON header, then its byte strings one after
+another), what its handler wrote as RESULT in the same shape.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import traceback
@@ -16,11 +19,15 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
+
+_LENGTH = struct.Struct("!I")
+
 HEADER = struct.Struct("!BQ")
 # HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB and
 # TASKS carry the job key first. OVER_MEMORY is a worker's last word: it passed its memory
 # limit while computing, and exits.
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY = range(1, 8)
+HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER = range(1, 9)
 JOB_KEY_BYTES = 16
 
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).
@@ -71,6 +78,60 @@ def describe_failure(error: BaseException) -> str:
     cause = "".join(traceback.format_exception_only(type(error), error)).strip().replace("\n", " ")
     whole = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     return f"{cause} in {where}\n{whole}" if where else f"{cause}\n{whole}"
+
+
+def handler_call_parts(call: HandlerCall, rebuild: bool) -> list[bytes]:
+    """A HANDLER message's payload: the call, with what rebuilds the handler if ``rebuild``."""
+    blobs = [call.frames]
+    header: dict[str, object] = {"task": call.task, "snapshot": call.take_snapshot, "forget": list(call.forget), "rebuild": rebuild}
+    if rebuild:
+        script, how = call.script, call.rebuild
+        header.update(path=script.path, args=list(script.args), has_init=how.init is not None, has_snapshot=how.snapshot is not None, replay=len(how.replay))
+        blobs += [script.source.encode(), script.info, how.init or b"", how.snapshot or b"", *how.replay]
+    return _framed(header, blobs)
+
+
+def read_handler_call(payload: bytearray) -> tuple[HandlerCall, bool]:
+    from udf_agent.api import HandlerScript
+    from udf_agent.compute.handlers import HandlerCall, Rebuild
+
+    header, blobs = _unframed(payload)
+    frames = blobs[0]
+    if not header["rebuild"]:
+        return HandlerCall(header["task"], HandlerScript("", ""), frames, Rebuild(), header["snapshot"], tuple(header["forget"])), False
+    source, info, init, snapshot, *replay = blobs[1:]
+    script = HandlerScript(header["path"], source.decode(), tuple(header["args"]), info)
+    rebuild = Rebuild(init if header["has_init"] else None, snapshot if header["has_snapshot"] else None, tuple(replay))
+    return HandlerCall(header["task"], script, frames, rebuild, header["snapshot"], tuple(header["forget"])), True
+
+
+def handler_outcome_parts(outcome: HandlerOutcome) -> list[bytes]:
+    header = {"error": outcome.error, "printed": outcome.printed, "has_snapshot": outcome.snapshot is not None, "snapshot_problem": outcome.snapshot_problem}
+    return _framed(header, [outcome.output, outcome.snapshot or b""])
+
+
+def read_handler_outcome(payload: bytearray) -> HandlerOutcome:
+    from udf_agent.compute.handlers import HandlerOutcome
+
+    header, (output, snapshot) = _unframed(payload)
+    return HandlerOutcome(output, header["error"], header["printed"], snapshot if header["has_snapshot"] else None, header["snapshot_problem"])
+
+
+def _framed(header: dict[str, object], blobs: list[bytes]) -> list[bytes]:
+    encoded = json.dumps({**header, "sizes": [len(blob) for blob in blobs]}).encode()
+    return [_LENGTH.pack(len(encoded)), encoded, *blobs]
+
+
+def _unframed(payload: bytearray) -> tuple[dict, list[bytes]]:
+    view = memoryview(payload)
+    (length,) = _LENGTH.unpack_from(view)
+    header = json.loads(bytes(view[_LENGTH.size : _LENGTH.size + length]))
+    pos = _LENGTH.size + length
+    blobs = []
+    for size in header["sizes"]:
+        blobs.append(bytes(view[pos : pos + size]))
+        pos += size
+    return header, blobs
 
 
 def send_message(sock: socket.socket, kind: int, *parts: bytes | bytearray | memoryview | pa.Buffer) -> None:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from spark_backend.resident_protocol import (
     FAILURE,
+    HANDLER,
     HELLO,
     JOB,
     JOB_KEY_BYTES,
@@ -27,10 +28,13 @@ from spark_backend.resident_protocol import (
     WELCOME,
     JobCache,
     describe_failure,
+    handler_outcome_parts,
+    read_handler_call,
     receive_message,
     send_message,
 )
 from udf_agent.compute.contract import Job
+from udf_agent.compute.handlers import HandlerHosts
 from udf_agent.compute.run import compute_tasks
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
@@ -57,8 +61,13 @@ def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, mem
         sending = threading.Lock()
         guard = _MemoryGuard(memory_limit, sock, sending) if memory_limit else None
         jobs: JobCache[Job] = JobCache()
+        handlers = HandlerHosts()  # the Kapacitor Handler scripts' tasks that live here
         while (message := receive_message(sock)) is not None:
             kind, payload = message
+            if kind == HANDLER:
+                _call_handler(handlers, payload, sock, sending, guard)
+                served += 1
+                continue
             key, body = bytes(payload[:JOB_KEY_BYTES]), memoryview(payload)[JOB_KEY_BYTES:]
             if kind == JOB:
                 # Sent by the agent that launched this task, over the channel the token
@@ -79,6 +88,20 @@ def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, mem
                 send_message(sock, answer, content)
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
+
+
+def _call_handler(handlers: HandlerHosts, payload: bytearray, sock: socket.socket, sending: threading.Lock, guard: _MemoryGuard | None) -> None:
+    if guard is not None:
+        guard.computing.set()
+    try:
+        call, rebuild = read_handler_call(payload)
+        answer, parts = RESULT, handler_outcome_parts(handlers.call(call, rebuild))
+    except Exception as exc:
+        answer, parts = FAILURE, [describe_failure(exc).encode()]
+    with sending:
+        if guard is not None:
+            guard.computing.clear()
+        send_message(sock, answer, *parts)
 
 
 class _MemoryGuard:

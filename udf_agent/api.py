@@ -31,6 +31,27 @@ History = HistoryWindow | Callable[[OptionValues], HistoryWindow]
 UDFFunction = Callable[["pd.DataFrame", "Context"], Any]
 
 
+def names_a_script(target: str) -> bool:
+    """Whether TARGET names a Kapacitor Handler script (path/to/script.py)."""
+    return target.endswith(".py") and ":" not in target
+
+
+@dataclass(frozen=True)
+class HandlerScript:
+    """A Kapacitor Handler script (``kapacitor.udf.agent``): its path, its source (shipped to
+    where it computes, maybe another host), the arguments its ``__main__`` block sees, and the
+    InfoResponse its handler gives, serialised."""
+
+    path: str
+    source: str
+    args: tuple[str, ...] = ()
+    info: bytes = b""
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class UDFSpec:
     """Everything the runtime needs to know about one UDF."""
@@ -54,6 +75,9 @@ class UDFSpec:
     # A target that names its function in its options (``stream_fn``, ``batch_fn``): at Init,
     # Kapacitor's options in, the UDF the task runs and the options to check it with out.
     resolve: Callable[[Sequence[udf_pb2.Option]], tuple[UDFSpec, list[udf_pb2.Option]]] | None = None
+    # A Kapacitor Handler script (``udf-agent run script.py``): its handler takes every request
+    # but keepalives and Info, in order, and makes every response (``compute/handlers.py``).
+    handler: HandlerScript | None = None
 
     def __post_init__(self) -> None:
         for edge in (self.wants, self.provides):

@@ -220,13 +220,13 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
     return function
 
 
-def _load(target: str) -> UDFSpec:
+def _load(target: str, script_args: tuple[str, ...] = ()) -> UDFSpec:
     from udf_agent.targets import TargetError, resolve_target
 
     try:
         # A UDF module that prints on import must not pollute our output.
         with contextlib.redirect_stdout(sys.stderr):
-            return resolve_target(target)
+            return resolve_target(target, script_args)
     except TargetError as exc:
         raise click.BadParameter(str(exc), param_hint="TARGET") from None
 
@@ -298,6 +298,7 @@ def main() -> None:
 
 @main.command(cls=_TargetCommand)
 @click.argument("target")
+@click.argument("script_args", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
 @_compute_options
 @click.option(
     "--own-spark",
@@ -315,14 +316,23 @@ def main() -> None:
 @_metrics_option(
     "Serve Prometheus metrics (see 'serve --help') at http://HOST:PORT/metrics: from the shared Spark server this task starts, or with --own-spark (and for mirror, which runs in the task's process) from this task's process. A shared server already up serves the metrics of every task on it where the task that started it asked (or none): if that is not HOST:PORT, this task says so on its stderr."
 )
-def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, metrics_address: str | None, **options: Any) -> None:
+def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, own_spark: bool, shared_idle_exit: float, metrics_address: str | None, **options: Any) -> None:
     """Serve TARGET to Kapacitor over stdin/stdout (a process UDF).
 
     By default the task computes on this host's shared Spark server, started on first use
     (this process then only relays Kapacitor's bytes, about 20 MB); --own-spark keeps the
     task in its own process with its own Spark. mirror, which never starts Spark, always
-    runs in its own process."""
+    runs in its own process.
+
+    TARGET may be a script written for Kapacitor's own Python agent (path/to/script.py, its
+    arguments after --): it runs unmodified, its handler computed on Spark (docs/migrating.md)."""
     engine_options, agent_options = _split_options(options)
+    from udf_agent.api import names_a_script
+
+    if names_a_script(target):
+        target = os.path.abspath(target)
+    elif script_args:
+        raise click.UsageError(f"arguments after TARGET ({' '.join(script_args)}) are for a Kapacitor Handler script (path/to/script.py) only")
     # A built-in that never starts Spark has none to share: relaying it to the shared server
     # would only add a hop (and a server with its Spark for a task that needs none).
     if not own_spark and target not in SPARK_FREE_BUILTINS:
@@ -337,7 +347,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
         idle_exit_given = click.get_current_context().get_parameter_source("shared_idle_exit") is not ParameterSource.DEFAULT
         asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
         argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
-        relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None)
+        relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None, script_args)
     from udf_agent.runtime.agent import Agent, AgentConfig
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
@@ -351,7 +361,7 @@ def run(target: str, master: str, confs: tuple[tuple[str, str], ...], log_level:
     _on_stop_signals(agent.stop_reading)
     # Keepalives are answered while the UDF's module (often pandas and more) imports.
     agent.start_reading()
-    code = agent.run(_load(target))
+    code = agent.run(_load(target, script_args))
     _exit(code, engines)
 
 
@@ -649,9 +659,10 @@ def doctor(master: str, remote: str | None, confs: tuple[tuple[str, str], ...], 
 @main.command(cls=_TargetCommand)
 @click.argument("target")
 @click.option("--kapacitor-conf", "conf_name", metavar="NAME", help="Print the kapacitor.conf block and a TICKscript call for NAME.")
-def info(target: str, conf_name: str | None) -> None:
+@click.argument("script_args", nargs=-1, metavar="[-- SCRIPT_ARGS...]")
+def info(target: str, script_args: tuple[str, ...], conf_name: str | None) -> None:
     """Show TARGET's wants, provides and options."""
-    spec = _load(target)
+    spec = _load(target, script_args)
     if conf_name:
         click.echo(kapacitor_conf(conf_name, target, spec))
         return

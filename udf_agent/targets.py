@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from udf_agent.api import UDFSpec, as_spec
+from udf_agent.api import UDFSpec, as_spec, names_a_script
 from udf_agent.literals import literal
 from udf_agent.options import Option, OptionsError, parse_options
 
@@ -28,13 +28,17 @@ def builtin_specs() -> dict[str, UDFSpec]:
     return {**BUILTINS, **FUNCTION_TARGETS}
 
 
-def resolve_target(target: str) -> UDFSpec:
+def resolve_target(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
     builtins = builtin_specs()
     if target in builtins:
         return builtins[target]
+    if names_a_script(target):
+        return script_spec(target, tuple(script_args))
+    if script_args:
+        raise TargetError(f"arguments after TARGET ({' '.join(script_args)}) are for a Kapacitor Handler script (TARGET ending in .py) only")
     if ":" not in target:
         raise TargetError(
-            f"{target!r} is neither a built-in ({', '.join(sorted(builtins))}) nor of the form package.module:attribute"
+            f"{target!r} is neither a built-in ({', '.join(sorted(builtins))}), nor of the form package.module:attribute, nor a Kapacitor Handler script (path/to/script.py)"
         )
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
@@ -62,30 +66,62 @@ def resolve_target(target: str) -> UDFSpec:
         raise TargetError(str(exc)) from None
 
 
-_fresh: dict[str, tuple[UDFSpec, float | None]] = {}
+def script_spec(path: str, args: tuple[str, ...] = ()) -> UDFSpec:
+    """A Kapacitor Handler script as a UDF: its ``__main__`` block runs here once, for its
+    handler's Info (the edges and options it declares); each task gets a handler of its own
+    where it computes."""
+    from udf_agent import udf_pb2
+    from udf_agent.compute.handlers import ScriptError, load_script
+
+    try:
+        script = load_script(path, args)
+    except ScriptError as exc:
+        raise TargetError(str(exc)) from None
+    info = udf_pb2.InfoResponse.FromString(script.info)
+    edges = {udf_pb2.STREAM: "stream", udf_pb2.BATCH: "batch"}
+
+    def never_called(df: Any, ctx: Any) -> None:
+        raise AssertionError(f"{script.name} runs as a Kapacitor Handler")
+
+    return UDFSpec(
+        name=script.name,
+        function=never_called,
+        wants=edges.get(info.wants, "stream"),
+        provides=edges.get(info.provides, "stream"),
+        description=f"Kapacitor Handler script {script.path}",
+        handler=script,
+    )
+
+
+_fresh: dict[tuple[str, tuple[str, ...]], tuple[UDFSpec, float | None]] = {}
 _fresh_lock = threading.Lock()
 
 
-def resolve_fresh(target: str) -> UDFSpec:
-    """``resolve_target``, but a user module changed on disk since it was imported is
-    imported afresh: a long-lived server (the shared one, or ``stream_fn``'s functions) runs a
-    task redefined after an edit with the new code, while tasks already running keep theirs."""
+def resolve_fresh(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
+    """``resolve_target``, but a user module (or Handler script) changed on disk since it was
+    loaded is loaded afresh: a long-lived server (the shared one, or ``stream_fn``'s
+    functions) runs a task redefined after an edit with the new code, while tasks already
+    running keep theirs."""
+    key = (target, tuple(script_args))
     with _fresh_lock:
-        cached = _fresh.get(target)
+        cached = _fresh.get(key)
         if cached is not None and cached[1] == _module_mtime(cached[0]):
             return cached[0]
-        if cached is not None:
+        if cached is not None and cached[0].handler is None:
             # A new module object, not a reload: the functions of running tasks keep the
             # module (its globals) they were imported with.
             sys.modules.pop(cached[0].function.__module__, None)
-        spec = resolve_target(target)
-        _fresh[target] = (spec, _module_mtime(spec))
+        spec = resolve_target(target, script_args)
+        _fresh[key] = (spec, _module_mtime(spec))
         return spec
 
 
 def _module_mtime(spec: UDFSpec) -> float | None:
-    module = sys.modules.get(getattr(spec.function, "__module__", "") or "")
-    path = getattr(module, "__file__", None)
+    if spec.handler is not None:
+        path: str | None = spec.handler.path
+    else:
+        module = sys.modules.get(getattr(spec.function, "__module__", "") or "")
+        path = getattr(module, "__file__", None)
     try:
         return os.stat(path).st_mtime if path else None
     except OSError:

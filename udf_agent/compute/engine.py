@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch
     import pyarrow as pa
 
     from udf_agent.compute.contract import Job
+    from udf_agent.compute.handlers import HandlerCall, HandlerHosts, HandlerOutcome
 
 
 class EngineStartError(RuntimeError):
@@ -47,6 +48,13 @@ class Engine(Protocol):
         """Tasks of ``compute.contract.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out,
         in task order; ``tenant``, the task whose they are, for an engine that shares slots."""
 
+    def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
+        """A micro-batch of a Kapacitor Handler script's requests, fed to the task's handler
+        where it lives (built there, or rebuilt, from ``call.rebuild`` when it is not)."""
+
+    def forget_handler(self, task: str) -> None:
+        """The task ended: its handler may be let go."""
+
     def stop(self) -> None: ...
 
 
@@ -54,6 +62,9 @@ class LocalEngine:
     """Runs tasks in this process: UDFs that compute nothing, and small micro-batches."""
 
     name = "in the agent"
+
+    def __init__(self) -> None:
+        self._handlers: HandlerHosts | None = None
 
     def start(self) -> None:
         pass
@@ -65,6 +76,19 @@ class LocalEngine:
         from udf_agent.compute.run import compute_tasks
 
         return compute_tasks(job, tasks)
+
+    def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
+        from udf_agent.compute.handlers import HandlerHosts
+
+        if self._handlers is None:
+            self._handlers = HandlerHosts()
+        outcome = self._handlers.call(call, rebuild=call.task not in self._handlers)
+        outcome.where = self.name
+        return outcome
+
+    def forget_handler(self, task: str) -> None:
+        if self._handlers is not None:
+            self._handlers.forget(task)
 
     def stop(self) -> None:
         pass

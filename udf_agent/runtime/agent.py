@@ -31,7 +31,7 @@ from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restor
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
-from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
+from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
 from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
 from udf_agent.wire.guard import error_frame, keepalive_frame
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off 
     from udf_agent.compute.contract import Job
     from udf_agent.compute.engine import Engine
     from udf_agent.options import OptionValues
+    from udf_agent.runtime.handler_task import HandlerTask
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ class Agent:
         self._reader: threading.Thread | None = None
         self._options: OptionValues | None = None
         self._job: Job | None = None
+        self._handler: HandlerTask | None = None  # a Kapacitor Handler script's task
         self.groups = GroupStore(self.config.max_groups)
         self.stats = TaskStats()
         self._passed_out = 0  # passthrough points sent (the reader's count; the compute thread counts the rest)
@@ -203,6 +205,8 @@ class Agent:
         compute.start()
         self.start_reading()
         not_computed = self._wait_for_compute(compute)
+        if self._handler is not None and self.spec is not None:
+            self._handler.end(self.engines.engine_for(self.spec))
         self.writer.join()
         self._report_drain(not_computed)
         if self.writer.broken is not None and self.exit_code == 0:
@@ -257,6 +261,10 @@ class Agent:
 
     def _adopt(self, spec: UDFSpec) -> None:
         self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
+        if spec.handler is not None:
+            from udf_agent.runtime.handler_task import HandlerTask
+
+            self._handler = HandlerTask(spec.handler)
         with self._cond:
             self.spec = spec
             self.labels.udf = spec.name
@@ -476,6 +484,9 @@ class Agent:
         self.labels.udf = self.spec.name
         log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
         self.engines.warm_up(self._loaded()[0])
+        if event.reply is None:  # a Handler script's handler answers the Init
+            threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True).start()
+            return
         threading.Thread(target=in_task(self.labels, self._reply_when_loaded), args=(event.reply,), name="hot-path-load", daemon=True).start()
 
     def _reply_when_loaded(self, reply: bytes) -> None:
@@ -575,6 +586,9 @@ class Agent:
 
     def _compute(self, item: Compute) -> None:
         spec, _ = self._loaded()
+        if isinstance(item.batch, HandlerMicroBatch):
+            self._compute_handler(item.batch)
+            return
         if self._job is None:
             from udf_agent.compute.contract import Job
 
@@ -621,6 +635,29 @@ class Agent:
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
             batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
         )
+
+    def _compute_handler(self, batch: HandlerMicroBatch) -> None:
+        from udf_agent.runtime.handler_task import HandlerFailed
+
+        assert self._handler is not None and self.spec is not None
+        started = time.monotonic()
+        self.stats.micro_batch_taken(started - batch.opened_at)
+        self._computing = batch.count
+        try:
+            output = self._handler.compute(batch, self.engines.engine_for(self.spec), self.stats)
+        except HandlerFailed as failed:
+            message, output = failed.args
+            if output:
+                self.writer.send(output)
+            log.error("%s", message)
+            raise UDFError(message) from None
+        finally:
+            self._computing = 0
+        self.stats.micro_batches += 1
+        self.stats.compute_seconds.observe(time.monotonic() - started)
+        self.stats.computed = self._handler.where
+        if output:
+            self.writer.send(output)
 
     def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a
@@ -698,7 +735,10 @@ class Agent:
         assert self._checkpoints is not None
         spec, _ = self._loaded()
         started = time.monotonic()
-        data = self.groups.snapshot(spec.name, self._options_fingerprint())
+        if self._handler is not None:
+            data = self._handler.checkpoint(self.engines.engine_for(spec), self.stats)
+        else:
+            data = self.groups.snapshot(spec.name, self._options_fingerprint())
         self.writer.send(self._checkpoints.checkpoint_message(item.input_bytes, item.init_frame, data))
         took = time.monotonic() - started
         self.stats.checkpointed(took, len(data))
@@ -708,6 +748,12 @@ class Agent:
         from udf_agent.runtime.snapshot import SnapshotError
 
         spec, session = self._loaded()
+        if self._handler is not None:  # a relay's checkpoint (a Handler's own restores go to it)
+            self._handler.adopt(data)
+            frame = session.guard.reply(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)))
+            if frame is not None:
+                self.writer.send(frame)
+            return
         try:
             restored = self.groups.restore(spec.name, data, self._options_fingerprint())
         except SnapshotError as exc:

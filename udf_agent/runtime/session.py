@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
-from udf_agent.wire.batches import BatchMicroBatch, KapacitorBatch, StreamMicroBatch
+from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, KapacitorBatch, StreamMicroBatch
 from udf_agent.wire.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameSplitter,
@@ -31,6 +31,7 @@ from udf_agent.wire.frames import (
     PointRun,
     ProtocolError,
     encode_frame,
+    encode_varint,
     parse_message,
     point_frame,
     point_group,
@@ -79,7 +80,7 @@ class Started:
     """
 
     options: OptionValues
-    reply: bytes
+    reply: bytes | None  # None: a Handler script's handler makes it
     task_id: str = ""
     node_id: str = ""
 
@@ -88,7 +89,7 @@ class Started:
 class Compute:
     """A closed micro-batch, to be computed in arrival order."""
 
-    batch: StreamMicroBatch | BatchMicroBatch
+    batch: StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ class Session:
         self.flush_interval = flush_interval
         self.gather = gather
         self.failed = False
-        self._pending: StreamMicroBatch | BatchMicroBatch | None = None
+        self._pending: StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch | None = None
         self._open_batch: KapacitorBatch | None = None
         self._splitter = FrameSplitter(max_frame_size)
         self._compiled_splitter: Callable[[FrameSplitter], FrameSplitter] | None = None
@@ -255,6 +256,11 @@ class Session:
             first = self._frames_acted_on
             self._frames_acted_on += piece.count
             return self.receive_point_run(piece, now, first) if self.adopted else self._keep((piece, first))
+        if self._spec is not None and self._spec.handler is not None and request_point(piece) is not None:
+            # A Handler script's point goes to its handler as the frame it came in.
+            self._frames_acted_on += 1
+            self._bytes_acted_on += len(piece) + varint_size(len(piece))
+            return self._for_handler(encode_varint(len(piece)) + piece, 1, now) if not self.failed else []
         self._frames_acted_on += 1
         self._bytes_acted_on += len(piece) + varint_size(len(piece))
         number = self._frames_acted_on
@@ -284,6 +290,8 @@ class Session:
         kind = request.WhichOneof("message")
         if kind == "keepalive":
             return [Send(keepalive_frame(request.keepalive.time), urgent=True, asked_at=request.keepalive.time)]
+        if self.spec.handler is not None and kind not in ("info", None):
+            return self._handler_request(request, kind, now)
         if kind == "point":
             return self.receive_point(request.point.SerializeToString(), now)
         if kind == "begin":
@@ -303,6 +311,8 @@ class Session:
         return self.fail("received an empty Request (no message set)")
 
     def info(self) -> udf_pb2.InfoResponse:
+        if self.spec.handler is not None:
+            return udf_pb2.InfoResponse.FromString(self.spec.handler.info)
         return udf_pb2.InfoResponse(
             wants=_EDGE[self.spec.wants],
             provides=_EDGE[self.spec.provides],
@@ -417,6 +427,8 @@ class Session:
         """
         if self.failed:
             return []
+        if self.spec.handler is not None:
+            return self._for_handler(point_frame(point), 1, now)
         refused = self._require_init("a Point")
         if refused is not None:
             return refused
@@ -450,6 +462,8 @@ class Session:
         """
         if self.failed:
             return []
+        if self.spec.handler is not None:
+            return self._for_handler(run.frames, run.count, now)
         refused = self._require_init("a Point")
         if refused is not None:
             return refused
@@ -506,6 +520,37 @@ class Session:
         assert isinstance(pending, BatchMicroBatch)  # a batch UDF's session holds batches only
         pending.add(batch)
         if pending.count >= self.max_batch_points:
+            return self._close_pending()
+        return []
+
+    # ---- a Kapacitor Handler script: every request but keepalives and Info goes to its handler ----
+
+    def _handler_request(self, request: udf_pb2.Request, kind: str, now: float) -> list[Event]:
+        from udf_agent.compute.handlers import CHECKPOINT_MAGIC
+
+        if kind == "restore" and request.restore.snapshot.startswith(CHECKPOINT_MAGIC):
+            # A relay carrying its task over: the handler is rebuilt from the checkpoint.
+            self.guard.expect(kind)
+            return [*self._close_pending(), Restore(request.restore.snapshot)]
+        frame = encode_frame(request)
+        events: list[Event] = []
+        if kind == "init" and self._init_frame is None:
+            self._init_frame = frame
+            self.options = parse_options((), [])
+            events.append(Started(self.options, None, request.init.taskID, request.init.nodeID))
+        events += self._for_handler(frame, 1, now)
+        if kind in ("init", "snapshot", "restore"):
+            if kind == "init" and isinstance(self._pending, HandlerMicroBatch):
+                self._pending.init_frame = frame
+            events += self._close_pending()  # a reply Kapacitor waits for: no gathering
+        return events
+
+    def _for_handler(self, frames: bytes, count: int, now: float) -> list[Event]:
+        if self._pending is None:
+            self._pending = HandlerMicroBatch(opened_at=now)
+        assert isinstance(self._pending, HandlerMicroBatch)  # a Handler script's session holds requests only
+        self._pending.append(frames, count)
+        if self._pending.count >= self.max_batch_points:
             return self._close_pending()
         return []
 

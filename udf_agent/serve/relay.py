@@ -47,11 +47,11 @@ STOPPED_READER_TIMEOUT = 1.0
 WRITE_POLL = 0.1
 
 
-def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None) -> NoReturn:
+def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None, script_args: tuple[str, ...] = ()) -> NoReturn:
     """The task as a relay to the shared Spark server for ``start``'s settings (started if none
     is up), which it asks to run ``target`` with ``agent_options``; exits. The launch is
     remembered for the next task started with ``argv``, the raw command line (see entry.py)."""
-    hello = {"target": target, "agent": agent_options}
+    hello = {"target": target, "agent": agent_options, **({"script_args": list(script_args)} if script_args else {})}
 
     def join_server() -> Welcome:
         server = locate(start.settings)

@@ -60,7 +60,7 @@ class SharedSessions:
             hello = json.loads(line)
             # A module of the user's changed on disk since is imported afresh, so a task
             # redefined after an edit runs the new code (tasks already running keep theirs).
-            spec = resolve_fresh(str(hello["target"]))
+            spec = resolve_fresh(str(hello["target"]), [str(arg) for arg in hello.get("script_args", [])])
             config = AgentConfig.from_options(dict(hello["agent"]))
         except (TargetError, ValueError, KeyError, TypeError) as exc:
             message = str(exc) if isinstance(exc, TargetError) else f"not a task's handshake: {exc!r}"

@@ -49,7 +49,9 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
     from udf_agent.tools.tickscript import render_arguments, render_example
 
     prog, args = agent_command()
-    args = [*args, "run", target]
+    if spec.handler is not None:
+        target = spec.handler.path
+    args = [*args, "run", target, *(["--", *spec.handler.args] if spec.handler is not None and spec.handler.args else [])]
     lines = [
         f"[udf.functions.{name}]",
         f'  prog = "{prog}"',
@@ -57,7 +59,13 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
         '  timeout = "10s"',
     ]
     environment = ""
-    if target not in builtin_specs():
+    if spec.handler is not None:
+        lines += [
+            "  # Or, as for Kapacitor's own agent (the script imports udf-agent's kapacitor.udf.agent):",
+            f'  # prog = "{sys.executable}"',
+            "  # args = [" + ", ".join(f'"{a}"' for a in ["-u", spec.handler.path, *spec.handler.args]) + "]",
+        ]
+    elif target not in builtin_specs():
         lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{import_root(target)}"']
         environment = f"PYTHONPATH={import_root(target)} "
     socket_path = os.path.join(SOCKET_DIR, f"{name}.sock")
@@ -74,10 +82,19 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
     # A repeatable option shows one call when it has an example (stream_fn's .opt()).
     call = "".join(
         f".{o.name}({render_arguments(o.example, o) if o.multiple else render_example(o)})" for o in spec.options if not o.multiple or o.example is not None
-    )
+    ) if spec.handler is None else _handler_calls(spec.handler.info)
     source = "stream\n    |from()\n        .measurement('cpu')" if spec.wants == "stream" else "batch\n    |query('SELECT * FROM \"telegraf\".\"autogen\".\"cpu\"')\n        .period(1m)\n        .every(1m)"
     lines += ["", "// TICKscript", f"{source}\n    @{name}(){call}"]
     return "\n".join(lines)
+
+
+def _handler_calls(info: bytes) -> str:
+    """TICKscript calls for the options a Handler's InfoResponse declares, a value of each type."""
+    from udf_agent import udf_pb2
+
+    examples = {udf_pb2.BOOL: "TRUE", udf_pb2.INT: "10", udf_pb2.DOUBLE: "1.5", udf_pb2.STRING: "'value'", udf_pb2.DURATION: "10s"}
+    declared = udf_pb2.InfoResponse.FromString(info).options
+    return "".join(f".{name}({', '.join(examples[t] for t in declared[name].valueTypes)})" for name in sorted(declared))
 
 
 def import_root(target: str) -> str:

@@ -140,3 +140,23 @@ class BatchMicroBatch:
     def add(self, batch: KapacitorBatch) -> None:
         self.batches.append(batch)
         self.count += batch.rows.count
+
+
+class HandlerMicroBatch:
+    """A Kapacitor Handler script's requests, in order, as the frames Kapacitor sent
+    (length prefixes included): its handler takes them one by one."""
+
+    __slots__ = ("opened_at", "count", "_chunks", "init_frame")
+
+    def __init__(self, opened_at: float):
+        self.opened_at = opened_at
+        self.count = 0  # requests
+        self._chunks: list[bytes] = []
+        self.init_frame: bytes | None = None  # the task's InitRequest, if it is in here
+
+    def append(self, frames: bytes, count: int = 1) -> None:
+        self._chunks.append(frames)
+        self.count += count
+
+    def frames(self) -> bytes:
+        return b"".join(self._chunks)
