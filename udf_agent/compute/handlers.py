@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib.util
 import io
 import json
 import logging
@@ -90,9 +91,23 @@ def load_script(path: str, args: tuple[str, ...] = ()) -> HandlerScript:
     return HandlerScript(path, source, tuple(args), info.info.SerializeToString())
 
 
+def kapacitor_agent_origin() -> tuple[str | None, str]:
+    """The ``kapacitor.udf.agent`` a script would import here (None: none), and udf-agent's."""
+    ours = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "kapacitor", "udf", "agent.py"))
+    try:
+        found = importlib.util.find_spec("kapacitor.udf.agent")
+    except (ImportError, ValueError):
+        return None, ours
+    return (os.path.realpath(found.origin) if found is not None and found.origin else None), ours
+
+
 def capture(script: HandlerScript) -> Any:
     """Runs the script's ``__main__`` block until it starts its Agent; that agent, whose
     ``handler`` is set."""
+    origin, ours = kapacitor_agent_origin()
+    if origin != ours:
+        # Kapacitor's own agent would read this process's stdin and never hand the handler over.
+        raise ScriptError(f"{script.name} would import kapacitor.udf.agent from {origin}, not udf-agent's ({ours}): take Kapacitor's agent directory off PYTHONPATH ('udf-agent doctor' checks it)")
     code = compile(script.source, script.path, "exec")
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": script.path, "__builtins__": builtins, "__package__": None}
     directory = os.path.dirname(script.path)

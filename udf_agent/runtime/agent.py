@@ -482,7 +482,10 @@ class Agent:
         # What the task runs: the UDF a stream_fn or batch_fn target named, from its Init on.
         self.spec = self.session.spec
         self.labels.udf = self.spec.name
-        log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
+        if event.reply is None:
+            log.info("task %s node %s: Kapacitor Handler script %s: its Init goes to its handler", event.task_id or "?", event.node_id or "?", self._loaded()[0].name)
+        else:
+            log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
         self.engines.warm_up(self._loaded()[0])
         if event.reply is None:  # a Handler script's handler answers the Init
             threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True).start()

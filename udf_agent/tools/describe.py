@@ -20,6 +20,13 @@ def describe(spec: UDFSpec) -> list[str]:
     from udf_agent.tools.tickscript import render_arguments
 
     lines = [f"{spec.name}: {spec.description}" if spec.description else spec.name, f"  wants: {spec.wants}   provides: {spec.provides}"]
+    if spec.handler is not None:
+        from udf_agent import udf_pb2
+
+        declared = udf_pb2.InfoResponse.FromString(spec.handler.info).options
+        names = {udf_pb2.BOOL: "BOOL", udf_pb2.INT: "INT", udf_pb2.DOUBLE: "DOUBLE", udf_pb2.STRING: "STRING", udf_pb2.DURATION: "DURATION"}
+        calls = [f"    .{name}({', '.join(names[t] for t in declared[name].valueTypes)})" for name in sorted(declared)]
+        return [*lines, "  options (checked by the script's own init()):" if calls else "  options: none", *calls]
     if not spec.options:
         return [*lines, "  options: none"]
     lines.append("  options:")

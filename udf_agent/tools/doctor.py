@@ -34,6 +34,22 @@ def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java
     else:
         yield Check("spark", False, "not started: fix the lines above first")
     yield check_socket_dir(socket_dir)
+    yield check_kapacitor_agent()
+
+
+def check_kapacitor_agent() -> Check:
+    """Which ``kapacitor.udf.agent`` a Kapacitor Handler script started here would import:
+    Kapacitor's own, on PYTHONPATH, wins over udf-agent's."""
+    from udf_agent.compute.handlers import kapacitor_agent_origin
+
+    name = "kapacitor.udf.agent"
+    origin, ours = kapacitor_agent_origin()
+    if origin == ours:
+        return Check(name, True, f"udf-agent's ({origin}): Kapacitor's Python scripts (python -u script.py, or udf-agent run script.py) run on udf-agent")
+    return Check(
+        name, False,
+        f"a script would import {origin}, not udf-agent's ({ours}): take Kapacitor's agent directory off PYTHONPATH (in kapacitor.conf, [udf.functions.NAME.env]) to run scripts on udf-agent",
+    )
 
 
 def check_java() -> Check:
