@@ -274,3 +274,51 @@ def test_remote_without_the_connect_client_says_what_to_install_before_doing_any
     assert result.exit_code == 2
     assert "--remote needs Spark Connect's client, and grpcio is not installed here: pip install 'udf-agent[connect]'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_allow_module_reaches_the_session_through_a_relays_handshake():
+    import json
+    import socket
+
+    from udf_agent.cli import _split_options, run
+    from udf_agent.compute.engine import LocalEngine
+    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.transports import SocketConnection
+
+    context = run.make_context("run", ["stream_fn", "--allow-module", "mypkg", "--allow-module", "other.functions"])
+    command_only = {"target", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
+    _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
+    handshake = json.loads(json.dumps({"agent": agent_options}))["agent"]  # as the shared server reads it
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(handshake))
+        assert agent.session.allow_modules == ("mypkg", "other.functions")
+    # A launch remembered before the option existed carries none.
+    assert AgentConfig.from_options({"on_error": ("fail", None)}).allow_modules == ()
+
+
+@pytest.mark.parametrize("prefix", ["my-pkg", "mypkg.", "", "mypkg:fn"])
+def test_an_allow_module_that_is_no_module_name_is_a_usage_error(runner, prefix):
+    result = runner.invoke(main, ["run", "stream_fn", "--allow-module", prefix])
+    assert result.exit_code == 2 and "is not a module name such as mypkg or mypkg.functions" in result.output
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "replay"])
+def test_help_says_what_allow_module_allows_and_the_default(runner, command):
+    text = " ".join(runner.invoke(main, [command, "--help"]).output.split())
+    assert "--allow-module PREFIX" in text
+    assert "(mypkg: mypkg and mypkg.mod, not mypkgx)" in text
+    assert "Without it they import only modules found in the directories on this process's PYTHONPATH" in text
+
+
+@pytest.mark.parametrize("target", ["stream_fn", "batch_fn"])
+def test_kapacitor_conf_of_a_function_target_shows_pythonpath_and_allow_module(runner, target):
+    shown = runner.invoke(main, ["info", target, "--kapacitor-conf", "pyFn"])
+    assert shown.exit_code == 0, shown.output
+    assert f'args = ["run", "{target}"]' in shown.output
+    assert "imports the modules .fn() names only from the directories on PYTHONPATH" in shown.output
+    assert f'#   args = ["run", "--allow-module", "mypkg", "{target}"]' in shown.output
+    assert '[udf.functions.pyFn.env]\n    PYTHONPATH = "/path/to/your/functions"' in shown.output
+    serve_line = next(line for line in shown.output.splitlines() if "serve --socket" in line)
+    assert serve_line.startswith("#   PYTHONPATH=/path/to/your/functions ") and serve_line.endswith(f"/pyFn.sock {target}")

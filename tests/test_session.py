@@ -6,6 +6,10 @@ Time is passed in explicitly, so micro-batch deadlines are tested exactly.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
+import pathlib
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,6 +18,7 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
 from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started
+from udf_agent.targets import FUNCTION_TARGETS
 from udf_agent.testing import grouped_point, option
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch
 from udf_agent.wire.columns import decode_points
@@ -833,3 +838,144 @@ def test_frames_are_acted_on_a_slice_at_a_time():
     s.receive_data(_wire(*(keepalive(t) for t in range(2500))))
     assert len(s.next_events(0.0, max_frames=1024)) == 1024 and s.frames_waiting
     assert len(s.next_events(0.0)) == 1024 and len(s.next_events(0.0)) == 452 and not s.frames_waiting
+
+
+# ---- stream_fn and batch_fn: which modules .fn() may import ----
+
+FUNCTION_MODULE = """
+import pathlib
+
+pathlib.Path(__file__).with_suffix(".imported").touch()  # this module's code ran
+
+from udf_agent import stream_udf
+
+
+@stream_udf(compute=False)
+def scale(df, ctx):
+    return df
+"""
+
+
+@pytest.fixture
+def places(tmp_path, monkeypatch):
+    """Where .fn()'s modules may be: 'pythonpath' (on PYTHONPATH, so on sys.path), 'installed'
+    (on sys.path only, as site-packages is) and 'work', the working directory."""
+    directories = {name: tmp_path / name for name in ("pythonpath", "installed", "work")}
+    for directory in directories.values():
+        directory.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(directories["pythonpath"]))
+    monkeypatch.syspath_prepend(str(directories["installed"]))
+    monkeypatch.syspath_prepend(str(directories["pythonpath"]))
+    monkeypatch.chdir(directories["work"])
+    yield directories
+    for name, module in list(sys.modules.items()):
+        if str(tmp_path) in f"{getattr(module, '__file__', None)} {getattr(module, '__path__', None)}":
+            del sys.modules[name]
+
+
+def write_module(directory: pathlib.Path, name: str, package_files: bool = True) -> pathlib.Path:
+    """FUNCTION_MODULE as the module NAME under DIRECTORY; returns the marker its import creates."""
+    *packages, leaf = name.split(".")
+    for depth in range(len(packages)):
+        package = directory.joinpath(*packages[: depth + 1])
+        package.mkdir(exist_ok=True)
+        if package_files:
+            (package / "__init__.py").touch()
+    path = directory.joinpath(*packages, f"{leaf}.py")
+    path.write_text(FUNCTION_MODULE)
+    importlib.invalidate_caches()
+    return path.with_suffix(".imported")
+
+
+def fn_init(fn: str, *allow_modules: str, edge: str = "stream") -> udf_pb2.InitResponse:
+    """The InitResponse of {edge}_fn, given --allow-module ALLOW_MODULES, to .fn(FN) in real frames."""
+    s = session(FUNCTION_TARGETS[f"{edge}_fn"], allow_modules=allow_modules)
+    (event,) = _feed(s, [_wire(init(option("fn", fn)))], eof=False)
+    return reply_of(event, "init")
+
+
+@pytest.mark.parametrize("edge", ["stream", "batch"])
+def test_fn_imports_a_module_found_in_a_pythonpath_directory(places, edge):
+    imported = write_module(places["pythonpath"], f"{edge}_fns.functions")
+    answer = fn_init(f"{edge}_fns.functions:scale", edge=edge)
+    if edge == "stream":
+        assert answer.success, answer.error
+    else:  # allowed and imported; refused only for its edges
+        assert "is a stream -> stream UDF; batch_fn runs batch -> batch UDFs" in answer.error
+    assert imported.exists()
+
+
+def test_fn_refuses_the_standard_library_and_says_which_option_allows_it(places):
+    answer = fn_init("json:dumps")
+    assert not answer.success
+    assert "fn 'json:dumps': module 'json' is not under PYTHONPATH (it is in Python's standard library)" in answer.error
+    assert f"PYTHONPATH={places['pythonpath']}" in answer.error
+    assert "add --allow-module json to udf-agent's arguments" in answer.error
+    # Allowed, it imports, and is refused as what it is.
+    allowed = fn_init("json:dumps", "json")
+    assert not allowed.success and "'json:dumps' is not a UDF" in allowed.error
+
+
+def test_fn_refuses_a_standard_library_name_even_from_a_pythonpath_directory_before_importing_it(places):
+    imported = write_module(places["pythonpath"], "this")  # the Zen of Python's name
+    answer = fn_init("this:scale")
+    assert not answer.success and "it is in Python's standard library" in answer.error
+    assert not imported.exists()
+
+
+@pytest.mark.parametrize("on_sys_path", [True, False], ids=["working-directory-on-sys.path", "not-on-sys.path"])
+def test_fn_never_imports_from_the_working_directory(places, monkeypatch, on_sys_path):
+    # A namespace package: the working directory holds sub/x.py, nothing more.
+    imported = write_module(places["work"], "sub.x", package_files=False)
+    working_directory = str(places["work"])
+    if on_sys_path:  # as `python -m` puts it in the shared server's
+        monkeypatch.syspath_prepend(working_directory)
+    else:
+        monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", ".", working_directory)])
+    for allow in ((), ("sub",)):
+        answer = fn_init("sub.x:scale", *allow)
+        assert not answer.success
+        if on_sys_path:
+            assert f"module 'sub' is in the working directory ({working_directory})" in answer.error
+            assert "put the directory that holds it on PYTHONPATH" in answer.error
+        elif not allow:
+            assert "module 'sub' is found in no directory on PYTHONPATH" in answer.error
+        else:
+            assert "cannot import module 'sub.x'" in answer.error
+        assert not imported.exists()
+    assert (working_directory in sys.path) == on_sys_path
+    # The operator may put it on PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(places["pythonpath"]), working_directory]))
+    if not on_sys_path:
+        monkeypatch.syspath_prepend(working_directory)
+    assert fn_init("sub.x:scale").success
+    assert imported.exists()
+
+
+def test_an_empty_pythonpath_entry_does_not_name_the_working_directory(places, monkeypatch):
+    imported = write_module(places["work"], "stray")
+    monkeypatch.syspath_prepend(str(places["work"]))
+    monkeypatch.setenv("PYTHONPATH", f"{places['pythonpath']}{os.pathsep}")  # as from PYTHONPATH=DIR:$PYTHONPATH
+    assert "is in the working directory" in fn_init("stray:scale").error
+    assert not imported.exists()
+
+
+def test_allow_module_allows_a_prefix_and_its_submodules_only(places):
+    imported = write_module(places["installed"], "mypkg.mod")
+    imported_x = write_module(places["installed"], "mypkgx")
+    refused = fn_init("mypkg.mod:scale")
+    assert not refused.success
+    assert f"module 'mypkg.mod' is not under PYTHONPATH (Python finds it in {places['installed']})" in refused.error
+    assert "add --allow-module mypkg.mod to" in refused.error
+    assert not imported.exists()
+    assert fn_init("mypkg.mod:scale", "mypkg").success
+    assert imported.exists()
+    boundary = fn_init("mypkgx:scale", "mypkg")
+    assert not boundary.success and "add --allow-module mypkgx to" in boundary.error
+    assert not imported_x.exists()
+    assert fn_init("mypkgx:scale", "mypkg", "mypkgx").success
+
+
+def test_a_module_name_that_is_not_one_is_refused(places):
+    answer = fn_init("my-pkg:scale", "my-pkg")
+    assert not answer.success and "'my-pkg' is not a module name" in answer.error

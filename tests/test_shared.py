@@ -323,6 +323,21 @@ def test_a_target_the_server_cannot_load_fails_the_task_saying_why(drivers, shar
     assert task.process.wait(10) == 1
 
 
+def test_allow_module_travels_with_its_task_to_the_shared_server(drivers, shared_dir):
+    env = shared_env(shared_dir)
+    plain = drivers("run", "stream_fn", env=env, cwd=ROOT)
+    refused = plain.init(option("fn", "json:dumps"), timeout=60)
+    assert not refused.success and "add --allow-module json to udf-agent's arguments" in refused.error
+    # On the same server, a task allowing json imports it (and finds no UDF there); the next
+    # one started so rejoins the server by its remembered launch, the option included.
+    for _ in range(2):
+        allowing = drivers("run", "--allow-module", "json", "stream_fn", env=env, cwd=ROOT)
+        imported = allowing.init(option("fn", "json:dumps"), timeout=60)
+        assert not imported.success and "'json:dumps' is not a UDF" in imported.error
+    assert len([name for name in os.listdir(shared_dir) if name.endswith(".launch")]) == 2
+    assert len(shared_server_pids(shared_dir)) == 1
+
+
 def test_a_redefined_task_runs_the_udf_module_as_edited_since(drivers, shared_dir, tmp_path):
     module = tmp_path / "scaled.py"
 

@@ -73,8 +73,9 @@ class UDFSpec:
     # Checks the options together, at Init: None when fine, else the problem (a string).
     check_options: Callable[[OptionValues], str | None] | None = None
     # A target that names its function in its options (``stream_fn``, ``batch_fn``): at Init,
-    # Kapacitor's options in, the UDF the task runs and the options to check it with out.
-    resolve: Callable[[Sequence[udf_pb2.Option]], tuple[UDFSpec, list[udf_pb2.Option]]] | None = None
+    # Kapacitor's options and the module prefixes the operator allowed (--allow-module) in,
+    # the UDF the task runs and the options to check it with out.
+    resolve: Callable[[Sequence[udf_pb2.Option], Sequence[str]], tuple[UDFSpec, list[udf_pb2.Option]]] | None = None
     # A Kapacitor Handler script (``udf-agent run script.py``): its handler takes every request
     # but keepalives and Info, in order, and makes every response (``compute/handlers.py``).
     handler: HandlerScript | None = None

@@ -130,6 +130,23 @@ def _missing_modules(modules: tuple[tuple[str, str], ...]) -> list[str]:
     return missing
 
 
+def _module_prefixes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    for prefix in value:
+        if not all(part.isidentifier() for part in prefix.split(".")):
+            raise click.BadParameter(f"{prefix!r} is not a module name such as mypkg or mypkg.functions")
+    return value
+
+
+_allow_module_option = click.option(
+    "--allow-module",
+    "allow_modules",
+    multiple=True,
+    metavar="PREFIX",
+    callback=_module_prefixes,
+    help="Let stream_fn and batch_fn import the module PREFIX and its submodules (mypkg: mypkg and mypkg.mod, not mypkgx) from wherever Python finds it but the working directory; repeatable. Without it they import only modules found in the directories on this process's PYTHONPATH (in kapacitor.conf, [udf.functions.NAME.env]), never the working directory, the standard library or site-packages: whoever can define a Kapacitor task names the module, and importing a module runs its code. The TARGET of the command line itself is not restricted (it is found in the working directory too).",
+)
+
+
 def _tick_duration_ns(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     """A TICKscript duration (10s, 5m, 1h, 1d, 1w) in nanoseconds."""
     if value is None:
@@ -214,6 +231,7 @@ def _compute_options(function: CommandFunction) -> CommandFunction:
         click.option("--drain-timeout", type=DurationType(), default="5s", show_default=True, help="After input ends (EOF, SIGTERM): longest time spent computing and writing accepted points before exiting; what is left is dropped and counted in the log. Output no one takes for 1 s in that time (a task stop) is dropped at once."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True),
         _log_format_option,
+        _allow_module_option,
     ]
     for decorator in reversed(decorators):
         function = decorator(function)
@@ -513,7 +531,8 @@ def status(socket_path: str | None, as_json: bool, timeout: float) -> None:
 @click.option("--remote", envvar="SPARK_REMOTE", callback=_connect_url, metavar="sc://HOST:PORT", help="A Spark Connect server to compute on instead of --master.")
 @click.option("--conf", "confs", type=ConfType(), multiple=True, help="Spark configuration, repeatable.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="warning", show_default=True)
-def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: tuple[tuple[str, str], ...], log_level: str) -> None:
+@_allow_module_option
+def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_path: str, group_by: tuple[str, ...], batch_every: int | None, precision: str, plot_path: str | None, in_process: bool, master: str, remote: str | None, confs: tuple[tuple[str, str], ...], log_level: str, allow_modules: tuple[str, ...]) -> None:
     """Run TARGET over line protocol, without Kapacitor, and write its output as line protocol.
 
     The points go through the real agent (session, codec, micro-batches, Spark) as
@@ -525,11 +544,12 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
       udf-agent replay moving_avg --input cpu.lp.gz -o field=usage_user -o size=10 \\
           --group-by host --plot cpu.png > averaged.lp
     """
+    from udf_agent.runtime.agent import AgentConfig
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdout
     from udf_agent.tools.lineproto import LineProtocolError, format_point, open_input, read_points
     from udf_agent.tools.recordings import BATCH_EXTENSION, STREAM_EXTENSION, RecordingError, read_batch_recording, read_stream_recording
-    from udf_agent.tools.replay import ReplayError, in_process_engines, replay_points
+    from udf_agent.tools.replay import REPLAY_DRAIN_TIMEOUT, ReplayError, in_process_engines, replay_points
     from udf_agent.tools.tickscript import TickError, parse_call
 
     if plot_path is not None and _missing_modules((("matplotlib", "matplotlib"),)):
@@ -567,7 +587,8 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     outputs = []
     try:
         with _output_file(output_path, out_fd) as out, _progress(len(points)) as progress:
-            replayed = replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=batch_every, recorded_batches=recorded_batches, on_progress=progress)
+            config = AgentConfig(drain_timeout=REPLAY_DRAIN_TIMEOUT, allow_modules=allow_modules)
+            replayed = replay_points(spec, engines, calls, points, group_by=group_by, batch_every_ns=batch_every, recorded_batches=recorded_batches, config=config, on_progress=progress)
             for point in replayed:
                 line = format_point(point.name, point.tags, point.fields, point.time)
                 if line:

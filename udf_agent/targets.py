@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -28,7 +29,7 @@ def builtin_specs() -> dict[str, UDFSpec]:
     return {**BUILTINS, **FUNCTION_TARGETS}
 
 
-def resolve_target(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
+def resolve_target(target: str, script_args: Sequence[str] = (), *, working_directory: bool = True) -> UDFSpec:
     builtins = builtin_specs()
     if target in builtins:
         return builtins[target]
@@ -43,8 +44,9 @@ def resolve_target(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise TargetError(f"{target!r} must be of the form package.module:attribute")
-    # Like `python -m`, let modules in the working directory be found.
-    if os.getcwd() not in sys.path and "" not in sys.path:
+    # Like `python -m`, let modules in the working directory be found (not .fn()'s: see
+    # check_function_module).
+    if working_directory and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
@@ -97,7 +99,7 @@ _fresh: dict[tuple[str, tuple[str, ...]], tuple[UDFSpec, float | None]] = {}
 _fresh_lock = threading.Lock()
 
 
-def resolve_fresh(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
+def resolve_fresh(target: str, script_args: Sequence[str] = (), *, working_directory: bool = True) -> UDFSpec:
     """``resolve_target``, but a user module (or Handler script) changed on disk since it was
     loaded is loaded afresh: a long-lived server (the shared one, or ``stream_fn``'s
     functions) runs a task redefined after an edit with the new code, while tasks already
@@ -111,7 +113,7 @@ def resolve_fresh(target: str, script_args: Sequence[str] = ()) -> UDFSpec:
             # A new module object, not a reload: the functions of running tasks keep the
             # module (its globals) they were imported with.
             sys.modules.pop(cached[0].function.__module__, None)
-        spec = resolve_target(target, script_args)
+        spec = resolve_target(target, script_args, working_directory=working_directory)
         _fresh[key] = (spec, _module_mtime(spec))
         return spec
 
@@ -142,14 +144,17 @@ def _function_target(edge: str) -> UDFSpec:
     def never_called(df: Any, ctx: Any) -> None:
         raise AssertionError(f"{name} runs the function its 'fn' option names")
 
-    def resolve(given: Sequence[udf_pb2.Option]) -> tuple[UDFSpec, list[udf_pb2.Option]]:
+    def resolve(given: Sequence[udf_pb2.Option], allow_modules: Sequence[str]) -> tuple[UDFSpec, list[udf_pb2.Option]]:
         own = parse_options(_FN_OPTIONS, [option for option in given if option.name in ("fn", "opt")])
         unexpected = sorted({option.name for option in given} - {"fn", "opt"})
         if unexpected:
             raise OptionsError([f"{name} takes .fn() and .opt(NAME, VALUE) only; give {', '.join(repr(n) for n in unexpected)} as .opt({unexpected[0]!r}, ...)"])
         target = own["fn"]
+        module_name, colon, _ = target.partition(":")
         try:
-            spec = resolve_fresh(target)
+            if colon and module_name:
+                check_function_module(module_name, allow_modules)
+            spec = resolve_fresh(target, working_directory=False)
         except TargetError as exc:
             raise OptionsError([f"fn {target!r}: {exc}"]) from None
         if spec.resolve is not None or (spec.wants, spec.provides) != (edge, edge):
@@ -170,6 +175,64 @@ def _function_target(edge: str) -> UDFSpec:
         description=f"Runs the {edge} -> {edge} UDF named by .fn('package.module:attribute'), imported at each task's Init (a new or edited function needs only a task redefinition), with its options as .opt('name', 'value').",
         resolve=resolve,
     )
+
+
+def check_function_module(module_name: str, allow_modules: Sequence[str]) -> None:
+    """Raises TargetError unless ``.fn()`` may import MODULE_NAME; decided before anything is
+    imported, for whoever can define a Kapacitor task names the module and its top-level code
+    runs as it imports. Allowed: a module under an ``--allow-module`` prefix, or one whose
+    top-level package Python finds in a directory on PYTHONPATH and whose name is not the
+    standard library's; never one Python finds in the working directory (Kapacitor's, often
+    ``/``), unless PYTHONPATH names that directory."""
+    parts = module_name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise TargetError(f"{module_name!r} is not a module name")
+    top = parts[0]
+    pythonpath = _pythonpath()
+    directories = _directories_holding(top)
+    working_directory = os.path.realpath(os.getcwd())
+    on_pythonpath = f"PYTHONPATH={os.pathsep.join(pythonpath)}" if pythonpath else "PYTHONPATH is not set"
+    policy = f".fn() imports only modules found in the directories on udf-agent's PYTHONPATH ({on_pythonpath}): not the working directory, the standard library or site-packages"
+    if directories is not None and working_directory in directories and working_directory not in pythonpath:
+        raise TargetError(f"module {top!r} is in the working directory ({working_directory}); {policy}; to import it, put the directory that holds it on PYTHONPATH ({_ENV_BLOCK})")
+    if any(module_name == prefix or module_name.startswith(f"{prefix}.") for prefix in allow_modules):
+        return
+    if directories and all(directory in pythonpath for directory in directories) and top not in _STANDARD_NAMES:
+        return
+    if top in _STANDARD_NAMES:
+        where = "it is in Python's standard library"
+    elif directories is None:
+        raise TargetError(f"module {top!r} is found in no directory on PYTHONPATH; {policy}; to import it, put the directory that holds it on PYTHONPATH ({_ENV_BLOCK})")
+    else:
+        where = f"Python finds it in {', '.join(directories)}"
+    raise TargetError(f"module {module_name!r} is not under PYTHONPATH ({where}); {policy}; to allow it, add --allow-module {module_name} to udf-agent's arguments ({_ARGS_LIST})")
+
+
+_STANDARD_NAMES = sys.stdlib_module_names | frozenset(sys.builtin_module_names)
+_ENV_BLOCK = "in kapacitor.conf under [udf.functions.NAME.env]"
+_ARGS_LIST = "in kapacitor.conf, the args of [udf.functions.NAME]"
+
+
+def _pythonpath() -> list[str]:
+    """The directories the operator put on PYTHONPATH, resolved. An empty entry (as from
+    PYTHONPATH=/opt/fns:$PYTHONPATH with none set) names no directory, not the working one."""
+    return [os.path.realpath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def _directories_holding(top: str) -> list[str] | None:
+    """The directories the import of the top-level module TOP would take it from (several for
+    a namespace package; none for one built into Python), found without importing it; None
+    when Python finds no such module."""
+    try:
+        spec = importlib.util.find_spec(top)  # a module already imported: where it came from
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.has_location and spec.origin:
+        holder = os.path.dirname(spec.origin)
+        return [os.path.realpath(os.path.dirname(holder) if spec.submodule_search_locations is not None else holder)]
+    return [os.path.realpath(os.path.dirname(location)) for location in spec.submodule_search_locations or ()]
 
 
 def _typed_option(spec: UDFSpec, name: str, text: str, problems: list[str]) -> udf_pb2.Option:

@@ -81,13 +81,17 @@ class AgentConfig:
     adaptive_flush: bool = True
     # How long an adaptive flush lets a micro-batch gather while points flow in fast.
     gather: float = GATHER
+    # Module prefixes stream_fn and batch_fn may import besides what PYTHONPATH holds (--allow-module).
+    allow_modules: tuple[str, ...] = ()
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> AgentConfig:
         """From options named after its fields, ``on_error`` as (policy, dead-letter directory):
         the command line's, or those a relay's handshake carries to the shared server."""
         policy, directory = options["on_error"]
-        return cls(**{name: value for name, value in options.items() if name != "on_error"}, on_error=policy, dead_letter_dir=directory)
+        own = {name: value for name, value in options.items() if name not in ("on_error", "allow_modules")}
+        # A handshake carries a list (JSON), and a launch remembered by an earlier version none.
+        return cls(**own, on_error=policy, dead_letter_dir=directory, allow_modules=tuple(options.get("allow_modules", ())))
 
 
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
@@ -152,7 +156,7 @@ class Agent:
         # Until the spec is known, the session answers keepalives and keeps the rest.
         self.session = Session(
             None, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval, max_frame_size=self.config.max_frame_size,
-            gather=self.config.gather,
+            gather=self.config.gather, allow_modules=self.config.allow_modules,
         )
         # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()

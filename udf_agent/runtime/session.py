@@ -139,8 +139,10 @@ class Session:
         flush_interval: float,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         gather: float = GATHER,
+        allow_modules: tuple[str, ...] = (),
     ):
         self._spec = spec
+        self.allow_modules = allow_modules
         self.guard = OutputGuard()
         self.options: OptionValues | None = None
         self.max_batch_points = max_batch_points
@@ -393,7 +395,7 @@ class Session:
         try:
             given = list(init.options)
             if spec.resolve is not None:  # stream_fn, batch_fn: the task runs the UDF they name
-                spec, given = spec.resolve(given)
+                spec, given = spec.resolve(given, self.allow_modules)
             options = parse_options(spec.options, given)
             problem = spec.check_options(options) if spec.check_options is not None else None
             if problem:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 # Where socket UDFs listen by default: what `info --kapacitor-conf` prints and `doctor` checks.
 SOCKET_DIR = "/var/run/udf-agent"
+# Where stream_fn's functions live, in the block `info --kapacitor-conf` prints: the reader's to fill in.
+FUNCTIONS_DIR = "/path/to/your/functions"
 
 
 def describe(spec: UDFSpec) -> list[str]:
@@ -75,6 +77,18 @@ def kapacitor_conf(name: str, target: str, spec: UDFSpec) -> str:
     elif target not in builtin_specs():
         lines += [f"  [udf.functions.{name}.env]", f'    PYTHONPATH = "{import_root(target)}"']
         environment = f"PYTHONPATH={import_root(target)} "
+    elif spec.resolve is not None:
+        allowing = [*args[:-1], "--allow-module", "mypkg", target]
+        lines += [
+            f"  # {target} imports the modules .fn() names only from the directories on PYTHONPATH,",
+            "  # never from the working directory, the standard library or site-packages: whoever",
+            "  # defines a task names the module, and importing it runs its code. To allow a package",
+            "  # installed elsewhere (and its submodules):",
+            "  #   args = [" + ", ".join(f'"{a}"' for a in allowing) + "]",
+            f"  [udf.functions.{name}.env]",
+            f'    PYTHONPATH = "{FUNCTIONS_DIR}"',
+        ]
+        environment = f"PYTHONPATH={FUNCTIONS_DIR} "
     socket_path = os.path.join(SOCKET_DIR, f"{name}.sock")
     serve = " ".join([prog, *args[:-2], "serve", "--socket", socket_path, target])
     lines += [
