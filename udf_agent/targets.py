@@ -150,6 +150,8 @@ def _function_target(edge: str) -> UDFSpec:
         if unexpected:
             raise OptionsError([f"{name} takes .fn() and .opt(NAME, VALUE) only; give {', '.join(repr(n) for n in unexpected)} as .opt({unexpected[0]!r}, ...)"])
         target = own["fn"]
+        if names_a_script(target):  # a script's __main__ block runs as it loads: never on a TICKscript's word
+            raise OptionsError([f"fn {target!r}: a Kapacitor Handler script is a UDF of its own (udf-agent run path/to/script.py in kapacitor.conf), not a function for {name}"])
         module_name, colon, _ = target.partition(":")
         try:
             if colon and module_name:

@@ -95,7 +95,10 @@ class FdConnection:
             if self._wake_read in ready:
                 return b""
             if ready:
-                return os.read(self._read_fd, size)
+                try:
+                    return os.read(self._read_fd, size)
+                except BlockingIOError:  # one socket for both ends, made non-blocking for writes
+                    continue
 
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)

@@ -301,7 +301,7 @@ class Relay:
     def _forward_input(self) -> None:
         pacer = ReadPacer()
         try:
-            while data := os.read(self._read_fd, CHUNK):
+            while data := self._read_input():
                 pause = pacer.after_read(len(data), time.monotonic())
                 with self._lock:
                     self._hold_for_room()
@@ -319,6 +319,15 @@ class Relay:
         except OSError as exc:
             log.debug("reading Kapacitor's input stopped: %s", exc)
         self._end_input()
+
+    def _read_input(self) -> bytes:
+        while True:
+            try:
+                return os.read(self._read_fd, CHUNK)
+            except BlockingIOError:
+                # stdin and stdout are one socket (a Handler script's Server hands the
+                # connection over so), and stdout's writes are non-blocking: wait for input.
+                select.select([self._read_fd], [], [])
 
     def _answer_keepalives(self) -> None:
         """While no server takes the task's input, the KeepaliveRequests in it are answered
