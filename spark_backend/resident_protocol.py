@@ -106,7 +106,7 @@ def read_handler_call(payload: bytearray) -> tuple[HandlerCall, bool]:
 
 
 def handler_outcome_parts(outcome: HandlerOutcome) -> list[bytes]:
-    header = {"error": outcome.error, "printed": outcome.printed, "has_snapshot": outcome.snapshot is not None, "snapshot_problem": outcome.snapshot_problem}
+    header = {"error": outcome.error, "printed": outcome.printed, "has_snapshot": outcome.snapshot is not None, "snapshot_problem": outcome.snapshot_problem, "written": outcome.written}
     return _framed(header, [outcome.output, outcome.snapshot or b""])
 
 
@@ -114,7 +114,7 @@ def read_handler_outcome(payload: bytearray) -> HandlerOutcome:
     from udf_agent.compute.handlers import HandlerOutcome
 
     header, (output, snapshot) = _unframed(payload)
-    return HandlerOutcome(output, header["error"], header["printed"], snapshot if header["has_snapshot"] else None, header["snapshot_problem"])
+    return HandlerOutcome(output, header["error"], header["printed"], snapshot if header["has_snapshot"] else None, header["snapshot_problem"], header["written"])
 
 
 def _framed(header: dict[str, object], blobs: list[bytes]) -> list[bytes]:

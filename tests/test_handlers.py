@@ -308,6 +308,9 @@ def test_python_u_script_runs_unmodified_on_the_shared_server_and_its_snapshot_r
         for when in range(1, 4):
             first.point(name="cpu", group="a", time=when, fieldsDouble={"value": 1.0})
         first.responses.wait_for("point", 4, timeout=120)
+        status = subprocess.run([sys.executable, "-m", "udf_agent", "status", "--json"], capture_output=True, text=True, timeout=60)
+        (task,) = [task for server in json.loads(status.stdout) for task in server["tasks"] if task["udf"] == "counter.py"]
+        assert task["computed"].startswith("on resident worker") and (task["points_in"], task["points_out"]) == (4, 5)  # Init included
         snapshot = first.snapshot()
         assert json.loads(snapshot) == {"a": 3}
         assert first.close(60) == 0

@@ -165,6 +165,7 @@ class ResponseSink:
 
     def __init__(self) -> None:
         self._out = bytearray()
+        self._written = 0
         self._lock = threading.Lock()
         self._batch_open = False
 
@@ -203,11 +204,13 @@ class ResponseSink:
             else:
                 self._out += encode_varint(size)
             self._out += body
+            self._written += 1
 
-    def take(self) -> bytes:
+    def take(self) -> tuple[bytes, int]:
+        """The frames written since the last take, and how many."""
         with self._lock:
-            out, self._out = bytes(self._out), bytearray()
-        return out
+            out, written, self._out, self._written = bytes(self._out), self._written, bytearray(), 0
+        return out, written
 
 
 def frame_bodies(data: bytes) -> list[bytes]:
@@ -314,6 +317,7 @@ class HandlerOutcome:
     printed: str = ""
     snapshot: bytes | None = None
     snapshot_problem: str | None = None
+    written: int = 0  # responses in ``output``
     where: str = ""
 
 
@@ -341,7 +345,8 @@ class HandlerHosts:
             snapshot, problem = host.own_snapshot() if call.take_snapshot and error is None else (None, None)
         if error is not None:
             del self._hosts[call.task]
-        return HandlerOutcome(host.sink.take(), error, printed.getvalue(), snapshot, problem)
+        output, written = host.sink.take()
+        return HandlerOutcome(output, error, printed.getvalue(), snapshot, problem, written=written)
 
     def forget(self, task: str) -> None:
         self._hosts.pop(task, None)

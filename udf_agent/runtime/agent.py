@@ -651,7 +651,7 @@ class Agent:
         self.stats.micro_batch_taken(started - batch.opened_at)
         self._computing = batch.count
         try:
-            output = self._handler.compute(batch, self.engines.engine_for(self.spec), self.stats)
+            outcome = self._handler.compute(batch, self.engines.engine_for(self.spec), self.stats)
         except HandlerFailed as failed:
             message, output = failed.args
             if output:
@@ -663,8 +663,9 @@ class Agent:
         self.stats.micro_batches += 1
         self.stats.compute_seconds.observe(time.monotonic() - started)
         self.stats.computed = self._handler.where
-        if output:
-            self.writer.send(output)
+        self.stats.points_out += outcome.written
+        if outcome.output:
+            self.writer.send(outcome.output)
 
     def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a

@@ -31,15 +31,15 @@ class HandlerTask:
         self.log = HandlerLog()
         self.where = ""
 
-    def compute(self, batch: HandlerMicroBatch, engine: Engine, tenant: Tenant) -> bytes:
-        """The output of ``batch``'s requests; HandlerFailed if the handler raised (its
+    def compute(self, batch: HandlerMicroBatch, engine: Engine, tenant: Tenant) -> HandlerOutcome:
+        """What the handler wrote for ``batch``'s requests; HandlerFailed if it raised (its
         output before the exception is in ``HandlerFailed.args[1]``)."""
         call = self.log.call(self.script, batch.frames(), time.monotonic(), init=batch.init_frame)
         outcome = self._run(call, engine, tenant)
         if outcome.error is not None:
             raise HandlerFailed(outcome.error, outcome.output)
         self.log.ran(call, outcome, time.monotonic())
-        return outcome.output
+        return outcome
 
     def checkpoint(self, engine: Engine, tenant: Tenant) -> bytes:
         """What rebuilds the handler elsewhere, as of now; the handler's own snapshot is
