@@ -331,6 +331,31 @@ def test_python_u_script_runs_unmodified_on_the_shared_server_and_its_snapshot_r
 
 
 @pytest.mark.integration
+def test_a_scripts_handler_keeps_its_state_when_the_shared_server_dies(tmp_path):
+    from udf_agent.serve.shared import shared_server_pids
+
+    driver = KapacitorDriver.command([sys.executable, "-u", COUNTER], env={"UDF_AGENT_OWN_SPARK": "0"}, cwd=str(tmp_path))
+    try:
+        assert driver.init(option("every", 100), timeout=180).success
+        for when in range(1, 4):
+            driver.point(name="cpu", group="a", time=when, fieldsDouble={"value": 1.0})
+        driver.responses.wait_for("point", 3, timeout=120)
+        time.sleep(6)  # a checkpoint is taken after the next read, 5 s on
+        driver.point(name="cpu", group="a", time=4, fieldsDouble={"value": 1.0})
+        driver.responses.wait_for("point", 4, timeout=120)
+        for pid in shared_server_pids(os.environ["UDF_AGENT_SHARED_DIR"]):
+            os.killpg(pid, signal.SIGKILL)  # the server, its JVM and the worker the handler lived on
+        for when in range(5, 7):
+            driver.point(name="cpu", group="a", time=when, fieldsDouble={"value": 1.0})
+        points = driver.responses.wait_for("point", 6, timeout=180)
+        assert [(p.time, p.fieldsInt["count"]) for p in points] == [(t, t) for t in range(1, 7)]  # each once, counts carried over
+        assert driver.close(60) == 0
+        assert "carried over to the shared Spark server" in driver.log()
+    finally:
+        driver.kill()
+
+
+@pytest.mark.integration
 def test_a_socket_server_script_serves_its_socket_each_connection_a_task(tmp_path):
     path = str(tmp_path / "echo.sock")
     server = subprocess.Popen([sys.executable, ECHO_SERVER, path], env={**os.environ, "UDF_AGENT_OWN_SPARK": "0"}, cwd=str(tmp_path))
