@@ -70,8 +70,8 @@ from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession
-    from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
     from udf_agent.compute.engine import Tenant
+    from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 
 log = logging.getLogger(__name__)
 

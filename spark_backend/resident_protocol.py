@@ -14,7 +14,8 @@ import socket
 import struct
 import traceback
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -117,12 +118,12 @@ def read_handler_outcome(payload: bytearray) -> HandlerOutcome:
     return HandlerOutcome(output, header["error"], header["printed"], snapshot if header["has_snapshot"] else None, header["snapshot_problem"], header["written"])
 
 
-def _framed(header: dict[str, object], blobs: list[bytes]) -> list[bytes]:
+def _framed(header: Mapping[str, object], blobs: list[bytes]) -> list[bytes]:
     encoded = json.dumps({**header, "sizes": [len(blob) for blob in blobs]}).encode()
     return [_LENGTH.pack(len(encoded)), encoded, *blobs]
 
 
-def _unframed(payload: bytearray) -> tuple[dict, list[bytes]]:
+def _unframed(payload: bytearray) -> tuple[dict[str, Any], list[bytes]]:
     view = memoryview(payload)
     (length,) = _LENGTH.unpack_from(view)
     header = json.loads(bytes(view[_LENGTH.size : _LENGTH.size + length]))

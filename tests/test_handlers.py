@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from udf_agent import udf_pb2
 from udf_agent.cli import main as cli
-from udf_agent.compute.handlers import CHECKPOINT_MAGIC, HandlerHosts, HandlerLog, ScriptError, capture, frame_bodies
+from udf_agent.compute.handlers import CHECKPOINT_MAGIC, HandlerHosts, HandlerLog, capture, frame_bodies
 from udf_agent.runtime.session import Compute, Send, Session, Started
 from udf_agent.targets import TargetError, resolve_target
 from udf_agent.testing import KapacitorDriver, SocketDriver, option

@@ -128,7 +128,7 @@ def decodeUvarint32(reader: Any) -> int:
         byte = reader.read(1)
         if len(byte) == 0:
             raise EOF
-        value = struct.unpack("B", byte)[0]
+        value: int = struct.unpack("B", byte)[0]
         result |= (value & 0x7F) << shift
         if not value & 0x80:
             return result & 0xFFFFFFFF
@@ -225,13 +225,13 @@ def _is_stdio(stream: Any, fd: int) -> bool:
     if stream is None:
         return True
     try:
-        return stream.fileno() == fd
+        return bool(stream.fileno() == fd)
     except (AttributeError, OSError, ValueError):
         return False
 
 
 def _fd_of(stream: Any) -> int:
     try:
-        return stream.fileno()
+        return int(stream.fileno())
     except (AttributeError, OSError, ValueError):
         raise RuntimeError("Agent(_in, out): udf-agent serves a task over a file descriptor; give streams that have fileno() (a socket's file, a pipe)") from None

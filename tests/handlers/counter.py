@@ -59,7 +59,7 @@ class CounterHandler(Handler):
         if point.fieldsInt.get("skip"):
             return
         if point.fieldsDouble.get("value", 0.0) < 0:
-            raise ValueError("negative value %s" % point.fieldsDouble["value"])
+            raise ValueError("negative value " + str(point.fieldsDouble["value"]))
         count = self._counts.get(point.group, 0) + 1
         self._counts[point.group] = count
         response = udf_pb2.Response()
