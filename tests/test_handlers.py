@@ -190,6 +190,25 @@ def test_a_handler_without_a_usable_snapshot_is_rebuilt_by_replaying_everything(
     assert counts(counter.feed(point_frames(("a", 3, 1.0))).output) == [("cpu", "a", 3)]
 
 
+def test_kapacitors_agent_module_has_its_public_names():
+    import io
+
+    from kapacitor.udf import udf_pb2 as theirs
+    from kapacitor.udf.agent import EOF, Agent, Handler, Server, decodeUvarint32, encodeUvarint
+
+    assert (theirs.STREAM, theirs.BATCH, theirs.STRING) == (udf_pb2.STREAM, udf_pb2.BATCH, udf_pb2.STRING)
+    assert theirs.Response().WhichOneof("message") is None and callable(Server) and Handler().info() is None
+    stream = io.BytesIO()
+    for value in (0, 1, 127, 128, 300, 2**32 - 1):
+        encodeUvarint(stream, value)
+    stream.seek(0)
+    assert [decodeUvarint32(stream) for _ in range(6)] == [0, 1, 127, 128, 300, 2**32 - 1]
+    with pytest.raises(EOF):
+        decodeUvarint32(stream)
+    with pytest.raises(RuntimeError, match="not serving a task"):
+        Agent().write_response(theirs.Response())
+
+
 # ---- the session: every request but keepalives and Info goes to the handler ----
 
 
