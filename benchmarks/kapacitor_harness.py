@@ -17,7 +17,13 @@ that every agent meets the machine's moods alike:
   moving_avg the task's relay and the shared per-host server it starts (fresh for each run, in
   a private directory), with the server's JVM and Python workers; mirror, which never starts
   Spark, runs in the task's own process;
-- ``udf-agent run moving_avg --own-spark``: the task's agent with its own JVM and workers.
+- ``udf-agent run moving_avg --own-spark``: the task's agent with its own JVM and workers;
+- Kapacitor's own ``moving_avg.py`` example, unmodified, on udf-agent (``moving_avg_py``): this
+  venv's ``python -u moving_avg.py``, no ``PYTHONPATH`` to Kapacitor's agent library, so the
+  ``kapacitor.udf.agent`` installed with udf-agent makes it ``udf-agent run moving_avg.py``,
+  relayed to a shared server (fresh for each run, as above) whose resident worker hosts the
+  script's handler; ``moving_avg_py_own_spark`` (not run by default) the same with
+  ``UDF_AGENT_OWN_SPARK=1``. ``--agents official,moving_avg_py`` compares just the two.
 
 Figures, median of the runs: points/s as Kapacitor's client measured it (the scenario's point
 op); CPU a point: user + system CPU of the agent's whole process tree from the first point to
@@ -33,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,6 +63,8 @@ from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 SCENARIO = os.path.join(os.path.dirname(REPO), "shared", "kapacitor-scenarios", "throughput.jsonl")
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_harness.json")
 SAMPLE_INTERVAL = 0.1
+SCRIPT_LABEL = "Kapacitor's moving_avg.py on udf-agent"
+AGENTS = ("official", "moving_avg_py", "moving_avg", "mirror", "own_spark", "moving_avg_py_own_spark")
 # The harness log: "[  26.765s] op#2 (line 8) sleep: ok in 25.00s".
 OP_DONE = re.compile(r"^\[\s*(?P<at>[0-9.]+)s\] op#(?P<op>\d+) \(line \d+\) (?P<kind>\w+): ok")
 RATE = re.compile(r"sent (?P<points>\d+) points in (?P<seconds>[0-9.]+)s \((?P<rate>\d+)/s\)")
@@ -165,9 +174,33 @@ def without_options(scenario: str, directory: str) -> str:
     return path
 
 
+def extract_kapacitor_agent(git_dir: str, ref: str, directory: str) -> str:
+    """Kapacitor's udf/agent at ``ref`` extracted under ``directory`` (never into the repository); the directory."""
+    archive = subprocess.run(["git", f"--git-dir={git_dir}", "archive", ref, "udf/agent"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+    return directory
+
+
 def protobuf_version(python: str) -> str:
     found = subprocess.run([python, "-c", "import google.protobuf; print(google.protobuf.__version__)"], capture_output=True, text=True, check=False)
     return found.stdout.strip() or "none"
+
+
+def add_paired_ratios(report: dict[str, Any]) -> None:
+    """Per agent, the median over the rounds of its run's rate and CPU a point over the official
+    agent's run of the same round: on a shared machine whose speed drifts, a steadier ratio
+    than the ratio of the medians."""
+    reference = next((runs for label, runs in report["runs"].items() if label.startswith("official")), None)
+    if not reference:
+        return
+    for row in report["table"]:
+        runs = report["runs"][row["agent"]]
+        pairs = [(mine, ref) for mine, ref in zip(runs, reference) if mine["status"] == ref["status"] == "ok"]
+        if runs is reference or not pairs:
+            continue
+        row["paired_rate_vs_official"] = statistics.median(mine["points_per_s"] / ref["points_per_s"] for mine, ref in pairs)
+        row["paired_cpu_vs_official"] = statistics.median(mine["cpu_us_per_point"] / ref["cpu_us_per_point"] for mine, ref in pairs)
+        row["rounds_paired"] = len(pairs)
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -177,7 +210,12 @@ def format_table(report: dict[str, Any]) -> str:
         f"the official agent on protobuf {report['official_protobuf']}; "
         f"{machine['cpus']} CPUs, load {machine['load_average_start']:.2f} -> {machine['load_average_end']:.2f}"
     )
-    columns = [*RATE_AND_CPU, ("Kapacitor's client, CPU a point", "kapacitor_cpu_us_per_point", "{:.1f} µs")]
+    columns = [
+        *RATE_AND_CPU,
+        ("rate vs official, paired by round", "paired_rate_vs_official", "{:.2f}×"),
+        ("CPU vs official, paired by round", "paired_cpu_vs_official", "{:.2f}×"),
+        ("Kapacitor's client, CPU a point", "kapacitor_cpu_us_per_point", "{:.1f} µs"),
+    ]
     return "\n".join([heading, "", *markdown_table(report["table"], columns)])
 
 
@@ -188,12 +226,21 @@ def main() -> int:
     parser.add_argument("--official-python", default=sys.executable, help="the Python that runs the official agent, with the protobuf it should use (default: this one)")
     parser.add_argument("--scenario", default=SCENARIO, help="the throughput scenario (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds; each runs every agent once (default: %(default)s)")
-    parser.add_argument("--agents", default="official,moving_avg,mirror,own_spark", help="comma-separated, from the default: %(default)s")
+    parser.add_argument("--agents", default="official,moving_avg_py,moving_avg,mirror,own_spark", help="comma-separated, from the default (%(default)s) and moving_avg_py_own_spark")
+    parser.add_argument("--kapacitor-git-dir", default=os.environ.get("KAPACITOR_GIT_DIR"), help="without --kapacitor-src: a git dir of influxdata/kapacitor whose udf/agent (--kapacitor-ref) is extracted into a temporary directory")
+    parser.add_argument("--kapacitor-ref", default="v1.8.3", help="with --kapacitor-git-dir (default: %(default)s)")
     parser.add_argument("--json", default=DEFAULT_JSON, help="where the results go (default: %(default)s)")
     args = parser.parse_args()
     if not args.harness or not os.access(args.harness, os.X_OK):
         parser.error("--harness: the kapacitor-harness binary (build it with ../shared/kapacitor-harness/build.sh)")
+    chosen = [name.strip() for name in args.agents.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(AGENTS))
+    if unknown:
+        parser.error(f"--agents: unknown {', '.join(unknown)}; known: {', '.join(AGENTS)}")
     python = sys.executable
+    scenarios = tempfile.mkdtemp(prefix="kh-scenarios-")
+    if not args.kapacitor_src and args.kapacitor_git_dir:
+        args.kapacitor_src = extract_kapacitor_agent(args.kapacitor_git_dir, args.kapacitor_ref, scenarios)
     # name: (command, why it cannot run, whether it uses the shared server, whether it takes the scenario's options)
     agents: dict[str, tuple[AgentCommand | None, str, bool, bool]] = {}
     official, why = official_moving_avg(args.kapacitor_src, unbuffered=True, python=args.official_python) if args.kapacitor_src else (None, "no --kapacitor-src")
@@ -201,19 +248,21 @@ def main() -> int:
     agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO), "", True, True)
     agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO), "", True, False)
     agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False, True)
-    chosen = [name.strip() for name in args.agents.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - agents.keys())
-    if unknown:
-        parser.error(f"--agents: unknown {', '.join(unknown)}; known: {', '.join(agents)}")
+    script = os.path.join(args.kapacitor_src or "", "udf", "agent", "examples", "moving_avg", "moving_avg.py")
+    script_why = "" if os.path.isfile(script) else (f"no {script}" if args.kapacitor_src else "no --kapacitor-src")
+    # Our venv's python runs the unmodified script; no PYTHONPATH: kapacitor.udf.agent is udf-agent's.
+    script_command = AgentCommand(SCRIPT_LABEL, [python, "-u", script], cwd=os.path.dirname(script), env={"PYTHONPATH": ""}) if not script_why else None
+    agents["moving_avg_py"] = (script_command, script_why, True, True)
+    own = AgentCommand(SCRIPT_LABEL + " (own Spark)", script_command.argv, script_command.cwd, {"PYTHONPATH": "", "UDF_AGENT_OWN_SPARK": "1"}) if script_command else None
+    agents["moving_avg_py_own_spark"] = (own, script_why, False, True)
     report: dict[str, Any] = {
         "scenario": args.scenario, "repeat": args.repeat, "official_protobuf": protobuf_version(args.official_python),
         "machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()[0]}, "runs": {},
     }
     for name in chosen:
         command, why, _, _ = agents[name]
-        label = command.label if command is not None else "official moving_avg -u"
+        label = command.label if command is not None else {"official": "official moving_avg -u", "moving_avg_py": SCRIPT_LABEL, "moving_avg_py_own_spark": SCRIPT_LABEL + " (own Spark)"}.get(name, name)
         report["runs"][label] = [] if command is not None else [asdict(HarnessRun(agent=label, status="skipped", error=why))]
-    scenarios = tempfile.mkdtemp(prefix="kh-scenarios-")
     plain = without_options(args.scenario, scenarios)
     for round_number in range(1, args.repeat + 1):
         for name in chosen:
@@ -231,6 +280,7 @@ def main() -> int:
     shutil.rmtree(scenarios, ignore_errors=True)
     report["machine"]["load_average_end"] = os.getloadavg()[0]
     report["table"] = median_rows(report["runs"], ("points_per_s", "cpu_us_per_point", "kapacitor_cpu_us_per_point"))
+    add_paired_ratios(report)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as out:
         json.dump(report, out, indent=1)

@@ -143,6 +143,9 @@ def official_moving_avg(src: str, unbuffered: bool, python: str = sys.executable
     check = subprocess.run(
         [python, "-c", "import kapacitor.udf.agent, kapacitor.udf.udf_pb2"],
         env={**os.environ, **env},
+        # Not the repository: `python -c` puts the working directory first on sys.path, and the
+        # repository's own kapacitor package (udf-agent's) would be imported instead.
+        cwd=library,
         check=False,
         capture_output=True,
         text=True,
