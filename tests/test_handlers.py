@@ -114,6 +114,20 @@ def test_an_exception_in_a_handler_becomes_kapacitors_agents_error_naming_it_aft
     assert counts(outcome.output) == [("cpu", "a", 1)]  # the point before it; none after
 
 
+def test_a_response_a_handlers_own_thread_writes_goes_out_with_the_next_output():
+    import threading
+
+    runner = Runner(COUNTER)
+    runner.feed(init_frame(option("every", 5)))
+    host = runner.hosts._hosts[runner.log.task]
+    late = udf_pb2.Response(point=udf_pb2.Point(name="late", group="a"))
+    writer = threading.Thread(target=host.agent.write_response, args=(late,))
+    writer.start()
+    writer.join()
+    outcome = runner.feed(point_frames(("a", 1, 1.0)))
+    assert counts(outcome.output) == [("cpu", "a", 1), ("late", "a", 0)] and outcome.written == 2
+
+
 def test_a_batch_to_stream_handler_gets_batches_in_order():
     runner = Runner(BATCH_MEAN)
     runner.feed(init_frame(option("field", "value")))
@@ -337,7 +351,8 @@ def test_python_u_script_runs_unmodified_on_the_shared_server_and_its_snapshot_r
         assert len(first.responses.raw) and all(r.WhichOneof("message") for r in first.responses.items)
     finally:
         first.kill()
-    second = KapacitorDriver.command([sys.executable, "-u", COUNTER], env=env, cwd=str(tmp_path))
+    # udf-agent's own options for a script started as python -u: UDF_AGENT_RUN_OPTIONS.
+    second = KapacitorDriver.command([sys.executable, "-u", COUNTER], env={**env, "UDF_AGENT_RUN_OPTIONS": "--log-format json"}, cwd=str(tmp_path))
     try:
         assert second.init(option("every", 2), timeout=120).success
         assert second.restore(snapshot).success
@@ -345,6 +360,8 @@ def test_python_u_script_runs_unmodified_on_the_shared_server_and_its_snapshot_r
         points = second.responses.wait_for("point", 2, timeout=120)
         assert [(p.name, p.fieldsInt["count"]) for p in points] == [("cpu", 4), ("milestone", 4)]
         assert second.close(60) == 0
+        records = [json.loads(line) for line in second.log().splitlines() if line.startswith("{")]
+        assert any("computing on the shared Spark server" in record["message"] for record in records), second.log()
     finally:
         second.kill()
 

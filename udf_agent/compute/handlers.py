@@ -47,6 +47,8 @@ SNAPSHOT_AFTER_BYTES = 4 * 1024 * 1024
 MAX_REPLAY_BYTES = 256 * 1024 * 1024
 
 _MANAGEMENT = frozenset({"info", "init", "snapshot", "restore"})
+# A frame's length prefix when the body is shorter than 128 bytes (a point's usually is not).
+_ONE_BYTE_LENGTHS = [bytes([size]) for size in range(0x80)]
 
 
 class ScriptError(Exception):
@@ -164,9 +166,10 @@ class ResponseSink:
     kapacitord) and a management reply nobody asked for (taken as the next one's answer)."""
 
     def __init__(self) -> None:
-        self._out = bytearray()
-        self._written = 0
+        self._frames: list[bytes] = []  # written by the thread feeding the handler: no lock
+        self.feeding_thread: int | None = None
         self._lock = threading.Lock()
+        self._from_other_threads: list[bytes] = []  # Kapacitor's agent lets a handler's own threads write too
         self._batch_open = False
 
     def write(self, response: Any) -> None:
@@ -174,6 +177,9 @@ class ResponseSink:
         if response is None:
             raise Exception("cannot write None response")  # Kapacitor's agent's words
         kind = response.WhichOneof("message")
+        if kind == "point":
+            self._append(response.SerializeToString())
+            return
         if kind is None:
             raise ValueError("the handler wrote an empty Response (kapacitord crashes on one): refused")
         if kind in _MANAGEMENT:
@@ -198,19 +204,21 @@ class ResponseSink:
 
     def _append(self, body: bytes) -> None:
         size = len(body)
-        with self._lock:  # Kapacitor's agent lets a handler's own threads write too
-            if size < 0x80:
-                self._out.append(size)
-            else:
-                self._out += encode_varint(size)
-            self._out += body
-            self._written += 1
+        frame = _ONE_BYTE_LENGTHS[size] + body if size < 0x80 else encode_varint(size) + body
+        if threading.get_ident() == self.feeding_thread:
+            self._frames.append(frame)
+        else:
+            with self._lock:
+                self._from_other_threads.append(frame)
 
     def take(self) -> tuple[bytes, int]:
-        """The frames written since the last take, and how many."""
+        """The frames written since the last take (those of the handler's own threads after
+        the ones written while it was fed), and how many."""
+        frames, self._frames = self._frames, []
         with self._lock:
-            out, written, self._out, self._written = bytes(self._out), self._written, bytearray(), 0
-        return out, written
+            frames += self._from_other_threads
+            self._from_other_threads = []
+        return b"".join(frames), len(frames)
 
 
 def frame_bodies(data: bytes) -> list[bytes]:
@@ -244,6 +252,7 @@ class HandlerHost:
     def feed(self, frames: bytes) -> str | None:
         """Acts on each request in ``frames``; the error that ends the task, if one does."""
         request, handler, sink = self._request, self.handler, self.sink
+        sink.feeding_thread = threading.get_ident()
         for body in frame_bodies(frames):
             kind = "unknown"
             try:
