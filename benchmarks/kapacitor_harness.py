@@ -18,6 +18,8 @@ that every agent meets the machine's moods alike:
   a private directory), with the server's JVM and Python workers; mirror, which never starts
   Spark, runs in the task's own process;
 - ``udf-agent run moving_avg --own-spark``: the task's agent with its own JVM and workers;
+- ``pandas_per_group`` (not run by default): ``examples/moving_avg_pandas.py``, the same
+  moving average as a plain per-group pandas UDF (docs/migrating.md), on the shared server;
 - Kapacitor's own ``moving_avg.py`` example, unmodified, on udf-agent (``moving_avg_py``): this
   venv's ``python -u moving_avg.py``, no ``PYTHONPATH`` to Kapacitor's agent library, so the
   ``kapacitor.udf.agent`` installed with udf-agent makes it ``udf-agent run moving_avg.py``,
@@ -64,7 +66,7 @@ SCENARIO = os.path.join(os.path.dirname(REPO), "shared", "kapacitor-scenarios", 
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "kapacitor_harness.json")
 SAMPLE_INTERVAL = 0.1
 SCRIPT_LABEL = "Kapacitor's moving_avg.py on udf-agent"
-AGENTS = ("official", "moving_avg_py", "moving_avg", "mirror", "own_spark", "moving_avg_py_own_spark")
+AGENTS = ("official", "moving_avg_py", "moving_avg", "mirror", "own_spark", "moving_avg_py_own_spark", "pandas_per_group")
 # The harness log: "[  26.765s] op#2 (line 8) sleep: ok in 25.00s".
 OP_DONE = re.compile(r"^\[\s*(?P<at>[0-9.]+)s\] op#(?P<op>\d+) \(line \d+\) (?P<kind>\w+): ok")
 RATE = re.compile(r"sent (?P<points>\d+) points in (?P<seconds>[0-9.]+)s \((?P<rate>\d+)/s\)")
@@ -247,6 +249,7 @@ def main() -> int:
     agents["official"] = (official, why, False, True)
     agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO), "", True, True)
     agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO), "", True, False)
+    agents["pandas_per_group"] = (AgentCommand("udf-agent run examples.moving_avg_pandas:moving_avg", [python, "-m", "udf_agent", "run", "examples.moving_avg_pandas:moving_avg"], cwd=REPO), "", True, True)
     agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False, True)
     script = os.path.join(args.kapacitor_src or "", "udf", "agent", "examples", "moving_avg", "moving_avg.py")
     script_why = "" if os.path.isfile(script) else (f"no {script}" if args.kapacitor_src else "no --kapacitor-src")
