@@ -905,14 +905,32 @@ def test_an_idle_server_waits_in_accept_until_its_idle_exit_could_be_due_and_shu
 
 
 def test_a_server_exits_once_idle_for_its_idle_exit_counted_from_its_last_task(sock_dir):
-    from udf_agent.serve.socket_server import UnixSocketServer
+    import socket as sockets
+    import threading
 
-    server = UnixSocketServer(os.path.join(sock_dir, "idle.sock"), make_agent=lambda connection: None, idle_exit=1.0)  # type: ignore[arg-type, return-value]
+    from udf_agent.serve.socket_server import SessionRefused, UnixSocketServer
+
+    ended: list[float] = []
+
+    def one_task(connection):
+        ended.append(time.monotonic())  # the task ends here: the server's idle time starts after
+        raise SessionRefused("the test's task ends at once")
+
+    path = os.path.join(sock_dir, "idle.sock")
+    server = UnixSocketServer(path, make_agent=one_task, idle_exit=4.0)  # type: ignore[arg-type]
     server.bind()
+    exited: list[float] = []
+    serving = threading.Thread(target=lambda: (server.serve_forever(), exited.append(time.monotonic())))
     started = time.monotonic()
-    server.serve_forever()
-    assert 1.0 <= time.monotonic() - started < 1.5
-    assert not os.path.exists(os.path.join(sock_dir, "idle.sock"))
+    serving.start()
+    time.sleep(1.0)  # well inside the idle exit counted from the start
+    task = sockets.socket(sockets.AF_UNIX)
+    task.connect(path)
+    task.close()
+    serving.join(60)
+    assert exited and ended, "the server never exited, or its task never ran"
+    assert exited[0] - ended[0] >= 4.0 and exited[0] - started >= 5.0  # counted from the task's end, not the start
+    assert not os.path.exists(path)
 
 
 # ---------------------------------------------------------------- udf-agent status
