@@ -258,7 +258,7 @@ def test_gather_reaches_the_agent_and_its_session():
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
-    command_only = {"target", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
+    command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
     _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
     ours, theirs = socket.socketpair()
     with ours, theirs:
@@ -287,7 +287,7 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["stream_fn", "--allow-module", "mypkg", "--allow-module", "other.functions"])
-    command_only = {"target", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
+    command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
     _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
     handshake = json.loads(json.dumps({"agent": agent_options}))["agent"]  # as the shared server reads it
     ours, theirs = socket.socketpair()
