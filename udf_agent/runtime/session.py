@@ -540,10 +540,12 @@ class Session:
             self._init_frame = frame
             self.options = parse_options((), [])
             events.append(Started(self.options, None, request.init.taskID, request.init.nodeID))
+            if self._pending is None:
+                self._pending = HandlerMicroBatch(opened_at=now)
+            assert isinstance(self._pending, HandlerMicroBatch)
+            self._pending.init_frame = frame  # what a rebuilt handler is started with
         events += self._for_handler(frame, 1, now)
         if kind in ("init", "snapshot", "restore"):
-            if kind == "init" and isinstance(self._pending, HandlerMicroBatch):
-                self._pending.init_frame = frame
             events += self._close_pending()  # a reply Kapacitor waits for: no gathering
         return events
 
