@@ -74,8 +74,11 @@ class TreeCPU:
         self._last.update(_cpu_by_pid([self._root, *descendants(self._root)]))
 
     def used(self) -> float:
+        return sum(self.used_by_pid().values())
+
+    def used_by_pid(self) -> dict[int, float]:
         self.sample()
-        return sum(cpu - self._start.get(pid, 0.0) for pid, cpu in self._last.items())
+        return {pid: cpu - self._start.get(pid, 0.0) for pid, cpu in self._last.items()}
 
 
 def feed_moving_avg(driver: KapacitorDriver | SocketDriver, first: int = 0) -> tuple[float, float]:

@@ -64,6 +64,7 @@ class FeedRun:
     seconds: float = 0.0
     points_per_s: float = 0.0
     cpu_s: float = 0.0
+    server_cpu_s: float = 0.0  # of it, the shared server's tree (JVM and workers included)
     cpu_us_per_point: float = 0.0
     keepalive: LatencyStats = field(default_factory=LatencyStats)
 
@@ -82,8 +83,13 @@ class Trees:
             for tree in self._trees:
                 tree.sample()
 
-    def used(self) -> float:
-        return sum(tree.used() for tree in self._trees)
+    def used(self, first: int = 0) -> float:
+        """CPU seconds of the trees from the ``first`` root on, each process once (a shared
+        server the task started is in the task's tree too)."""
+        by_pid: dict[int, float] = {}
+        for tree in self._trees[first:]:
+            by_pid.update(tree.used_by_pid())
+        return sum(by_pid.values())
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,6 +113,7 @@ def feed(agent: AgentProcess, workload: Workload, deadline: float, extra_roots: 
             raise agent.failure(f"{agent.tally.points:,} of {workload.points:,} output points")
         finished = agent.tally.last_point_at or time.monotonic()
         run.cpu_s = trees.used()
+        run.server_cpu_s = trees.used(first=1)
         run.seconds = finished - written["started"]
         run.points_per_s = workload.points / run.seconds
         run.cpu_us_per_point = run.cpu_s / workload.points * 1e6

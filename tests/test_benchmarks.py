@@ -205,6 +205,22 @@ def test_kapacitor_feed_measures_rate_and_the_whole_trees_cpu(command):
     assert (rows["ours"]["rate_vs_official"], rows["ours"]["cpu_vs_official"]) == (0.5, 0.5)
 
 
+def test_kapacitor_feed_counts_the_shared_servers_tree_beside_the_task():
+    from benchmarks.driver import AgentCommand
+    from benchmarks.kapacitor_feed import measure
+    from benchmarks.shared_deployment import shared_directory, shared_env
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    workload = Workload(points=100_000, groups=100)
+    with shared_directory("kfeed-test-") as shared_dir:
+        # Computed in the shared server's own process (no Spark): the relay only copies bytes.
+        command = AgentCommand("relayed local_echo", [sys.executable, "-m", "udf_agent", "run", "tests.udfs.sample:local_echo"], cwd=root, env=shared_env(shared_dir))
+        run = measure(command, workload, init_frame([]), time_limit=120, shared_dir=shared_dir, warm_log=None)
+    assert run.status == "ok", run.error
+    assert 0 < run.server_cpu_s < run.cpu_s  # both trees counted
+    assert run.server_cpu_s > run.cpu_s - run.server_cpu_s  # the server, which computes, costs more than the relay
+
+
 def test_kapacitor_harness_reads_the_harness_log_and_gives_mirror_an_init_of_no_options(tmp_path):
     from benchmarks.kapacitor_feed import median_rows
     from benchmarks.kapacitor_harness import RATE, ops_done, without_options
