@@ -258,18 +258,18 @@ class ResidentWorkers:
         """A Handler script's requests, on the worker its handler lives on (its home), the
         slot granted fairly like any part; a task without a home (its first call, or its
         worker lost or released) is given one, where its handler is built or rebuilt. A
-        worker lost during the call: the call is retried once on a fresh worker."""
+        worker lost during the call: the call is retried once, on the first worker free."""
         if self._stopped.is_set():
             raise WorkerLost("the engine was stopped")
         key: Hashable = tenant if tenant is not None else _ANONYMOUS
         self._await_a_worker(time.monotonic() + START_TIMEOUT)
         retry_of: str | None = None
-        fresh_after: float | None = None
         while True:
             with self._cond:
                 home = self._homes.get(call.task)
-            until = time.monotonic() + (self.batch_timeout if fresh_after is None else max(self.batch_timeout, START_TIMEOUT))
-            worker = self._acquire(key, tenant, until, block=True, fresh_after=fresh_after, home=home)
+            # A retry may wait for the lost worker's slot to come back (when it was the only one).
+            until = time.monotonic() + (self.batch_timeout if retry_of is None else max(self.batch_timeout, START_TIMEOUT))
+            worker = self._acquire(key, tenant, until, block=True, fresh_after=None, home=home)
             assert worker is not None
             rebuild = call.task not in worker.handlers
             if rebuild and call.rebuild.lost is not None and (home is not None or retry_of is not None):
@@ -284,12 +284,16 @@ class ResidentWorkers:
                 kind, payload = self._exchange(worker, sent_at + self.batch_timeout, functools.partial(_next_message, worker))
             except WorkerLost as lost:
                 self._lose(worker, key, tenant)
+                with self._cond:
+                    self._homes.pop(call.task, None)
                 report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
                 what = f"{lost} while computing {call.script.name}'s handler{report}"
                 if retry_of is not None:
                     raise WorkerLost(f"{call.script.name}: its handler's requests failed twice on Spark's resident workers: {retry_of}; then {what}") from None
-                log.warning("%s; slot %d launched again and the handler rebuilt there from its last snapshot", what, worker.slot)
-                retry_of, fresh_after = what, time.monotonic()
+                # Any live worker will do (the lost one is gone from its slot, launched again):
+                # the handler is rebuilt on the first one free.
+                log.warning("%s; slot %d launched again and the handler rebuilt from its last snapshot on the first worker free", what, worker.slot)
+                retry_of = what
                 continue
             if kind == OVER_MEMORY:
                 self._lose(worker, key, tenant)

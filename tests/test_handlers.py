@@ -394,7 +394,11 @@ def test_a_scripts_handler_keeps_its_state_when_the_shared_server_dies(tmp_path)
 @pytest.mark.integration
 def test_a_socket_server_script_serves_its_socket_each_connection_a_task(tmp_path):
     path = str(tmp_path / "echo.sock")
-    server = subprocess.Popen([sys.executable, ECHO_SERVER, path], env={**os.environ, "UDF_AGENT_OWN_SPARK": "0"}, cwd=str(tmp_path))
+    # SIGINT as a terminal sends it: a run in the background (nohup, CI) would pass it on ignored.
+    server = subprocess.Popen(
+        [sys.executable, ECHO_SERVER, path], env={**os.environ, "UDF_AGENT_OWN_SPARK": "0"}, cwd=str(tmp_path),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         for connection in range(2):
             driver = SocketDriver.connect(path, timeout=30)
