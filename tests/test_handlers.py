@@ -153,6 +153,7 @@ def test_what_would_crash_kapacitord_is_refused_and_ends_the_task_saying_why(wri
     frame = encode_frame(udf_pb2.Request(point=udf_pb2.Point(name="x", fieldsString={"write": write})))
     outcome = runner.feed(frame)
     assert outcome.output == b"" and refusal in outcome.error
+    assert "(bad_writer.py:" in outcome.error  # the script's line that wrote it, not udf-agent's
 
 
 def test_a_well_formed_batch_written_by_a_handler_passes():

@@ -137,21 +137,28 @@ def capture(script: HandlerScript) -> Any:
     return agent
 
 
+# Frames of udf-agent's own code (this module, kapacitor.udf.agent): never where a script raised.
+_OUR_CODE = (os.path.dirname(__file__), os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "kapacitor"))
+
+
+def _raised_in(exc: BaseException) -> str:
+    """'point (moving_avg.py:97)': the innermost frame of the script's own code in ``exc``'s
+    traceback ('' if none)."""
+    own = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(_OUR_CODE)]
+    return f"{own[-1].name} ({os.path.basename(own[-1].filename)}:{own[-1].lineno})" if own else ""
+
+
 def describe_exception(exc: BaseException) -> str:
-    """'ZeroDivisionError: division by zero (in point, moving_avg.py:97)': the exception
-    and the innermost frame of the script's own code that raised it."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    own = [frame for frame in frames if not frame.filename.startswith(os.path.dirname(__file__))]
-    where = f" (in {own[-1].name}, {os.path.basename(own[-1].filename)}:{own[-1].lineno})" if own else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    """'ZeroDivisionError: division by zero (in point (moving_avg.py:97))'."""
+    where = _raised_in(exc)
+    return f"{type(exc).__name__}: {exc}" + (f" (in {where})" if where else "")
 
 
 def handler_error(kind: str, exc: BaseException) -> str:
     """The ErrorResponse an exception in a handler becomes: Kapacitor's agent's text, then
     the exception's type and where the script raised it."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(os.path.dirname(__file__))]
-    where = f" in {frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    return f"error processing request of type {kind}: {exc} [{type(exc).__name__}{where}]"
+    where = _raised_in(exc)
+    return f"error processing request of type {kind}: {exc} [{type(exc).__name__}" + (f" in {where}]" if where else "]")
 
 
 def _what(value: object) -> str:
