@@ -380,6 +380,9 @@ def test_a_spark_connect_server_gone_past_the_batch_timeout_fails_the_micro_batc
         driver = KapacitorDriver("run", "moving_avg", "--remote", url, "--flush-interval", "50ms", "--batch-timeout", "5s", cwd=ROOT)
         try:
             assert driver.init(option("field", "v"), option("size", 4)).success
+            # The first point on a resident worker: as a Spark job it could outlast the 5 s
+            # batch timeout on a busy machine, which is not what this test is about.
+            _wait_until(lambda: "resident Spark worker(s) connected" in driver.log(), "a resident worker connected")
             driver.point(time=0, name="m", fieldsDouble={"v": 1.0})
             _outputs(driver, 1)
             daemons.stop()
