@@ -13,8 +13,8 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
-from udf_agent.wire.frames import FrameSplitter, PointRun, ProtocolError, encode_frame, encode_varint, point_group, request_point
-from udf_agent.wire.scanner import FastFrameSplitter
+from udf_agent.wire.frames import FrameSplitter, PointRun, ProtocolError, RequestRun, encode_frame, encode_varint, point_group, request_point
+from udf_agent.wire.scanner import FastFrameSplitter, RequestRunSplitter
 
 
 def expand(pieces):
@@ -171,6 +171,73 @@ def test_random_streams_agree_with_the_reference():
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
     _, pieces = feed_all(chunks)
     assert expand(pieces) == reference(stream)
+
+
+# ---- a Kapacitor Handler script's session: runs of the requests its handler takes as they came ----
+
+
+def handler_stream():
+    """Points, batches, and every request a Handler script's session acts on itself."""
+    requests = [
+        udf_pb2.Request(info=udf_pb2.InfoRequest()),
+        udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t")),
+        *(udf_pb2.Request(point=udf_pb2.Point(time=t, name="m", group="g=a", tags={"g": "a" * t}, fieldsDouble={"x": t})) for t in range(3)),
+        udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=5)),
+        udf_pb2.Request(begin=udf_pb2.BeginBatch(name="b", size=2)),
+        udf_pb2.Request(point=udf_pb2.Point(time=9, tags={"blob": "b" * 300})),  # a two-byte length
+        udf_pb2.Request(end=udf_pb2.EndBatch(name="b", tmax=9)),
+        udf_pb2.Request(snapshot=udf_pb2.SnapshotRequest()),
+        udf_pb2.Request(),  # no request at all: for the handler's agent to say so
+        udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=b"s")),
+        udf_pb2.Request(point=udf_pb2.Point(time=10)),
+    ]
+    return b"".join(encode_frame(r) for r in requests)
+
+
+def as_frames(pieces):
+    """Each piece as the whole frames it stands for, length prefixes included."""
+    out = []
+    for piece in pieces:
+        if isinstance(piece, RequestRun):
+            bodies = FrameSplitter().feed(piece.frames)
+            assert len(bodies) == piece.count and all(body[:2] in (b"\x82\x01", b"\x8a\x01", b"\x92\x01") for body in bodies)
+            out += [encode_varint(len(body)) + body for body in bodies]
+        else:
+            out.append(encode_varint(len(piece)) + piece)
+    return out
+
+
+def test_handler_runs_whole_bytewise_and_split_are_the_reference_frames():
+    stream = handler_stream()
+    expected = [encode_varint(len(body)) + body for body in FrameSplitter().feed(stream)]
+    for chunks in ([stream], [stream[i : i + 1] for i in range(len(stream))], *([stream[:i], stream[i:]] for i in range(len(stream) + 1))):
+        splitter = RequestRunSplitter()
+        pieces = [piece for chunk in chunks for piece in splitter.feed(chunk)]
+        splitter.close()
+        assert as_frames(pieces) == expected
+        assert splitter.frames == len(expected) == 13
+        # Management requests, keepalives and the empty Request are bodies, acted on by the session.
+        assert [piece for piece in pieces if isinstance(piece, bytes)] == [body for body in FrameSplitter().feed(stream) if body[:2] not in (b"\x82\x01", b"\x8a\x01", b"\x92\x01")]
+    (run, keepalive, *_) = RequestRunSplitter().feed(stream)[2:]
+    assert isinstance(run, RequestRun) and run.count == 3 and run.frames in stream
+    assert keepalive == udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=5)).SerializeToString()
+
+
+def test_handler_runs_continue_mid_frame_and_report_broken_framing_as_the_reference():
+    stream = handler_stream()
+    for cut in range(1, len(stream), 7):
+        slow = FrameSplitter()
+        first = [encode_varint(len(body)) + body for body in slow.feed(stream[:cut])]
+        runs = RequestRunSplitter.continuing(slow)
+        assert first + as_frames(runs.feed(stream[cut:])) == [encode_varint(len(body)) + body for body in FrameSplitter().feed(stream)]
+    good = encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=1))) + encode_frame(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+    for bad in (b"\x81\x08", b"\x80" * 10 + b"\x00"):
+        with pytest.raises(ProtocolError) as fast:
+            RequestRunSplitter(max_frame_size=1024).feed(good + bad)
+        with pytest.raises(ProtocolError) as slow:
+            FrameSplitter(max_frame_size=1024).feed(good + bad)
+        assert str(fast.value) == str(slow.value) and "frame 3" in str(fast.value)
+        assert as_frames(fast.value.decoded) == [encode_varint(len(body)) + body for body in slow.value.decoded]
 
 
 def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():

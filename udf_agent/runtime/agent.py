@@ -516,8 +516,9 @@ class Agent:
         except Exception as exc:  # a speed-up: the reference frame splitter carries on
             log.warning("the compiled frame scanner cannot load, reading frames with the slower reference code: %s", exc)
             return
-        self.session.use_compiled_splitter(hotpath.compiled_splitter)
-        if self.spec is not None and self.spec.compute and not self.spec.passthrough:
+        handler = self.spec is not None and self.spec.handler is not None
+        self.session.use_compiled_splitter(hotpath.handler_run_splitter if handler else hotpath.compiled_splitter)
+        if self.spec is not None and self.spec.compute and not self.spec.passthrough and not handler:
             try:
                 hotpath.load_point_codec()
             except Exception as exc:  # no reference twin: its micro-batches will fail, saying why

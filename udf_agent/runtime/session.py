@@ -30,6 +30,7 @@ from udf_agent.wire.frames import (
     Piece,
     PointRun,
     ProtocolError,
+    RequestRun,
     encode_frame,
     encode_varint,
     parse_message,
@@ -253,6 +254,10 @@ class Session:
         return [*events, *self.finish()]
 
     def _act_on(self, piece: Piece, now: float) -> list[Event]:
+        if isinstance(piece, RequestRun):  # cut so only once a Handler script's session is adopted
+            self._bytes_acted_on += len(piece.frames)
+            self._frames_acted_on += piece.count
+            return self._for_handler(piece.frames, piece.count, now) if not self.failed else []
         if isinstance(piece, PointRun):
             self._bytes_acted_on += len(piece.frames)
             first = self._frames_acted_on

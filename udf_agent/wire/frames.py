@@ -74,7 +74,18 @@ class PointRun:
         self.frames, self.count, self.points, self.groups = frames, count, points, groups
 
 
-Piece = bytes | PointRun
+class RequestRun:
+    """Consecutive whole frames of the requests a Kapacitor Handler script's handler takes as
+    they came (points, BeginBatch and EndBatch), length prefixes included, unparsed: the
+    session passes them on in one piece (``scanner.RequestRunSplitter``)."""
+
+    __slots__ = ("frames", "count")
+
+    def __init__(self, frames: bytes, count: int):
+        self.frames, self.count = frames, count
+
+
+Piece = bytes | PointRun | RequestRun
 
 
 class FrameSplitter:

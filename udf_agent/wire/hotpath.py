@@ -40,3 +40,12 @@ def compiled_splitter(splitter: FrameSplitter) -> FrameSplitter:
     from udf_agent.wire.scanner import FastFrameSplitter
 
     return FastFrameSplitter.continuing(splitter)
+
+
+def handler_run_splitter(splitter: FrameSplitter) -> FrameSplitter:
+    """For a Kapacitor Handler script's session: the compiled scanner of the runs of requests
+    its handler takes as they came, taking over mid-stream from ``splitter`` (``scanner_loaded``
+    first)."""
+    from udf_agent.wire.scanner import RequestRunSplitter
+
+    return RequestRunSplitter.continuing(splitter)

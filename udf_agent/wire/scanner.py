@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError
+from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError, RequestRun, encode_varint
 from udf_agent.wire.grouped import GroupedPoints, group_points_by_key
 from udf_agent.wire.kernels import gather, skip_field, varint
 
@@ -127,6 +127,42 @@ def _scan(
         count += 1
         pos = end
     return count, pos, OK
+
+
+# Request.begin (16) and end (18), length-delimited, like point (17): keys of two bytes, the second 0x01.
+_BEGIN_KEY_0 = encode_varint((16 << 3) | 2)[0]
+_END_KEY_0 = encode_varint((18 << 3) | 2)[0]
+
+
+@njit(cache=True, nogil=True)
+def _handler_run(buf: Any, pos: int, limit: int) -> tuple[int, int]:
+    """From ``pos``, the leading run of whole frames that a Handler script's handler takes as
+    they came (a Request whose first field is begin, point or end): (where the run ends,
+    frames in it). It stops at any other frame, one not whole yet, or a length over ``limit``
+    or malformed, for ``FrameSplitter`` to deal with."""
+    size = buf.shape[0]
+    count = 0
+    while pos < size:
+        length = 0
+        shift = 0
+        cursor = pos
+        while cursor < size and shift < 64:
+            byte = buf[cursor]
+            cursor += 1
+            length |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        else:
+            return pos, count
+        if length < 2 or length > limit or cursor + length > size:
+            return pos, count
+        first = buf[cursor]
+        if buf[cursor + 1] != 0x01 or (first != _BEGIN_KEY_0 and first != _POINT_KEY_0 and first != _END_KEY_0):
+            return pos, count
+        pos = cursor + length
+        count += 1
+    return pos, count
 
 
 @njit(cache=True, nogil=True)
@@ -254,6 +290,7 @@ def scan(buffer: Any, limit: int, capacity: int) -> Frames:
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the scanner, so the first data read does not wait."""
     scan(bytearray(b"\x02\x0a\x00"), 1024, 4)  # a bytearray, as the reader's buffer is: one compiled signature
+    _handler_run(np.frombuffer(bytearray(b"\x00"), np.uint8), 0, 1024)
     spans = np.array([[0, 1]], np.int64)
     first_invalid_group(b"g", spans)
     group_points(b"g", spans, spans)
@@ -322,3 +359,50 @@ def _append_pieces(buffer: bytearray, found: Frames, pieces: list[Piece]) -> Non
         else:
             for start, end in zip(found.body_start[first:stop].tolist(), found.body_end[first:stop].tolist()):
                 pieces.append(bytes(buffer[start:end]))
+
+
+class RequestRunSplitter(FrameSplitter):
+    """``FrameSplitter``'s contract for a Kapacitor Handler script's session: each run of
+    frames its handler takes as they came (points, BeginBatch, EndBatch) is found in compiled
+    code and comes out as one ``RequestRun``, never cut into bodies; any other frame comes
+    out as its body, as from ``FrameSplitter`` (its twin, which also reports broken framing)."""
+
+    @classmethod
+    def continuing(cls, splitter: FrameSplitter) -> RequestRunSplitter:
+        """Takes over from ``splitter`` mid-stream: its buffered bytes and frame count."""
+        runs = cls(splitter.max_frame_size)
+        runs._buffer = splitter._buffer
+        runs.frames = splitter.frames
+        return runs
+
+    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
+        if data:
+            self._buffer += data
+        buffer = self._buffer
+        size = len(buffer)
+        pieces: list[Piece] = []
+        pos = 0
+        view = np.frombuffer(buffer, np.uint8)
+        try:
+            while pos < size:
+                end, count = _handler_run(view, pos, self.max_frame_size)
+                if count:
+                    pieces.append(RequestRun(bytes(buffer[pos:end]), count))
+                    self.frames += count
+                    pos = end
+                    if pos == size:
+                        break
+                frame = self._frame_at(buffer, pos, size)
+                if frame is None:
+                    break
+                pieces.append(bytes(buffer[frame[0] : frame[1]]))
+                self.frames += 1
+                pos = frame[1]
+        except ProtocolError as exc:
+            exc.decoded = pieces
+            raise
+        finally:
+            del view  # a bytearray whose buffer is exported cannot shrink
+            if pos:
+                del buffer[:pos]
+        return pieces
