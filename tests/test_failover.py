@@ -37,6 +37,9 @@ RESTORE = b"<restore frame>"
 def test_keepalive_replies_do_not_count_every_other_frame_does():
     data = point(1) + keepalive_reply(2) + point(3) + INIT_OK + point(4) * 200
     assert counted_frames(data) == 203
+    # Lengths of two and three bytes, and an empty frame, count as well.
+    long_points = encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * 300))) + encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * 20_000)))
+    assert counted_frames(long_points + b"\x00" + keepalive_reply(5) + data) == 206
     assert [first for _, _, first in frames_in(data)][:4] == [0x8A, 0x1A, 0x8A, 0x12]
 
 

@@ -60,19 +60,24 @@ def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
 
 def counted_frames(data: bytes) -> int:
     """Frames in ``data`` that count for a carry-over: every one but keepalive replies.
-    ``frames_in``'s walk written out: every output frame passes here (0.2 µs a frame
-    against 0.5 through the generator)."""
+    ``frames_in``'s walk written out, a length of one byte (a body under 128 bytes) read
+    inline: every output frame passes here (0.16 µs a frame, against 0.26 with every length
+    read as a varint and 0.5 through the generator)."""
     count = 0
     pos, size = 0, len(data)
     while pos < size:
-        length, shift = 0, 0
-        while True:
-            byte = data[pos]
-            pos += 1
-            length |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
+        length = data[pos]
+        pos += 1
+        if length >= 0x80:
+            length &= 0x7F
+            shift = 7
+            while True:
+                byte = data[pos]
+                pos += 1
+                length |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
         if not length or data[pos] != KEEPALIVE_REPLY:
             count += 1
         pos += length
