@@ -15,12 +15,12 @@ from click.testing import CliRunner
 
 from udf_agent import udf_pb2
 from udf_agent.cli import main as cli
-from udf_agent.compute.handlers import CHECKPOINT_MAGIC, HandlerHosts, HandlerLog, capture, frame_bodies
+from udf_agent.compute.handlers import CHECKPOINT_MAGIC, HandlerHosts, HandlerLog, capture
 from udf_agent.runtime.session import Compute, Send, Session, Started
 from udf_agent.targets import TargetError, resolve_target
 from udf_agent.testing import KapacitorDriver, SocketDriver, option
 from udf_agent.wire.batches import HandlerMicroBatch
-from udf_agent.wire.frames import encode_frame
+from udf_agent.wire.frames import FrameSplitter, encode_frame
 
 HERE = os.path.join(os.path.dirname(__file__), "handlers")
 COUNTER = os.path.join(HERE, "counter.py")
@@ -41,7 +41,7 @@ def point_frames(*points: tuple[str, int, float], **fields: dict) -> bytes:
 
 
 def responses(output: bytes) -> list[udf_pb2.Response]:
-    return [udf_pb2.Response.FromString(body) for body in frame_bodies(output)]
+    return [udf_pb2.Response.FromString(body) for body in FrameSplitter().feed(output)]
 
 
 def counts(output: bytes) -> list[tuple[str, str, int]]:
@@ -97,6 +97,24 @@ def test_requests_reach_the_handler_in_order_and_every_write_comes_back_in_order
     outcome = runner.feed(point_frames(("a", 1, 1.0), ("b", 2, 1.0), ("a", 3, 1.0)) + point_frames(("a", 4, 1.0), fieldsInt={"skip": 1}))
     # Two responses for the second point of a group, none for a skipped point.
     assert counts(outcome.output) == [("cpu", "a", 1), ("cpu", "b", 1), ("cpu", "a", 2), ("milestone", "a", 2)]
+
+
+def test_a_handler_fed_for_long_holds_no_memory_for_the_requests_it_was_fed():
+    # One Request reused for the task's life (Kapacitor's agent) keeps ~600 bytes of every point
+    # parsed into it (upb frees nothing of a reused message): 180 MB for these 300,000 points.
+    runner = Runner(COUNTER)
+    runner.feed(init_frame(option("every", 1000)), init=init_frame(option("every", 1000)))
+    batch = point_frames(*((f"g{i % 4}", i, 1.0) for i in range(3000)))
+
+    def resident_bytes() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    runner.feed(batch)
+    before = resident_bytes()
+    for _ in range(100):
+        assert runner.feed(batch).error is None
+    assert resident_bytes() - before < 60 * 2**20
 
 
 def test_an_init_the_script_refuses_is_its_own_answer():
@@ -254,7 +272,7 @@ def test_a_scripts_session_sends_every_request_to_its_handler_in_order_cut_anywh
         assert all(isinstance(batch, HandlerMicroBatch) for batch in batches)
         assert b"".join(batch.frames() for batch in batches) == expected_requests
         assert batches[0].init_frame == init_frame(option("every", 2))  # the Init alone: its answer waits for nothing
-        sent = [udf_pb2.Response.FromString(frame_bodies(event.frame)[0]) for event in events if isinstance(event, Send)]
+        sent = [udf_pb2.Response.FromString(FrameSplitter().feed(event.frame)[0]) for event in events if isinstance(event, Send)]
         assert [r.WhichOneof("message") for r in sent] == ["info", "keepalive"]
         assert sent[0].info.options["every"].valueTypes == [udf_pb2.INT]
         assert [event.reply for event in events if isinstance(event, Started)] == [None]
