@@ -8,6 +8,7 @@ to share, it runs in the task's own process.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from benchmarks.driver import descendants, java_descendants
 from benchmarks.neighbours import SPARK as NEIGHBOURS_SPARK
 from benchmarks.neighbours import RoundTrips
 from udf_agent import udf_pb2
+from udf_agent.runtime.transports import PIPE_SIZE
 from udf_agent.serve.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver, grouped_point, option
 from udf_agent.wire.frames import encode_frame
@@ -103,6 +105,8 @@ def test_tasks_with_the_same_settings_share_one_server_and_a_task_is_a_light_rel
         # The relay imports neither pandas nor numpy: the task costs a few tens of MB.
         assert "numpy" not in maps(driver.process.pid) and "pandas" not in maps(driver.process.pid)
         assert rss_mb(driver.process.pid) < 40
+        # Its output pipe is sized so that Kapacitor's 4 KiB reads do not wake it for each.
+        assert fcntl.fcntl(driver.process.stdout.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_SIZE
     assert first.close(timeout=30) == 0 and second.close(timeout=30) == 0
     assert not first.responses.of("error") and not second.responses.of("error")
     # The server outlives its tasks, for the next ones.

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 PIPE_SIZE = 256 * 1024
 
 
-def _size_pipe(fd: int, size: int) -> None:
+def size_pipe(fd: int, size: int) -> None:
+    """Sizes the pipe ``fd`` is an end of (nothing for any other file)."""
     if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not hasattr(fcntl, "F_SETPIPE_SZ"):
         return
     try:
@@ -76,8 +77,8 @@ class FdConnection:
     def __init__(self, read_fd: int, write_fd: int):
         self._read_fd = read_fd
         self._write_fd = write_fd
-        _size_pipe(read_fd, PIPE_SIZE)
-        _size_pipe(write_fd, PIPE_SIZE)
+        size_pipe(read_fd, PIPE_SIZE)
+        size_pipe(write_fd, PIPE_SIZE)
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.
@@ -112,7 +113,7 @@ class FdConnection:
                 _wait_writable(self._write_fd, deadline, total - len(view))
 
     def limit_unread_input(self, size: int) -> None:
-        _size_pipe(self._read_fd, size)
+        size_pipe(self._read_fd, size)
 
     def input_closed(self) -> bool:
         """Whether Kapacitor has closed our stdin (seen without reading: a pipe reports

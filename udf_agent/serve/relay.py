@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.transports import claim_stdio_fds
+from udf_agent.runtime.transports import PIPE_SIZE, claim_stdio_fds, size_pipe
 from udf_agent.serve.failover import CarryOver, CarryOverError
 from udf_agent.serve.relay_link import ChunkSplitter
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
@@ -121,6 +121,9 @@ class Relay:
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
         os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
+        # Kapacitor reads 4 KiB at a time: through a default pipe each read would wake the
+        # relay for 4 KiB more, thousands of times a second under its feed.
+        size_pipe(self._write_fd, PIPE_SIZE)
         threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
         self._on_stop_signals()
         while True:
