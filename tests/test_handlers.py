@@ -27,6 +27,7 @@ COUNTER = os.path.join(HERE, "counter.py")
 BATCH_MEAN = os.path.join(HERE, "batch_mean.py")
 BAD_WRITER = os.path.join(HERE, "bad_writer.py")
 ECHO_SERVER = os.path.join(HERE, "echo_server.py")
+CRASHER = os.path.join(HERE, "crasher.py")
 
 
 def init_frame(*options: udf_pb2.Option) -> bytes:
@@ -332,6 +333,47 @@ def test_a_handler_lives_on_a_resident_worker_and_a_lost_worker_is_replaced_and_
     assert [(p.name, p.fieldsInt["count"]) for p in points] == [("cpu", 1), ("cpu", 2), ("cpu", 3), ("milestone", 3), ("cpu", 4), ("cpu", 5), ("cpu", 6), ("milestone", 6)]
     assert resident.worker_losses == losses + 1 and pid not in resident.worker_pids()
     assert agent.finish(60) == 0
+
+
+@pytest.mark.spark
+def test_a_handler_that_kills_its_worker_costs_a_neighbouring_scripts_task_nothing(spark_engine, engines):
+    """Both tasks' handlers live on the host's two resident workers; the crashing one kills
+    the one it runs on, then (retried there) the other: whichever held the neighbour's
+    handler, the neighbour goes on counting, rebuilt from its snapshot, every output once."""
+    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.testing import InProcessAgent
+
+    resident = spark_engine.resident
+    steady = InProcessAgent(resolve_target(COUNTER), engines, AgentConfig(flush_interval=0.02))
+    assert steady.driver.init(option("every", 1000), timeout=120).success
+    sent = 0
+
+    def steady_point() -> None:
+        nonlocal sent
+        sent += 1
+        steady.driver.point(name="cpu", group="a", time=sent, fieldsDouble={"value": 1.0})
+        steady.driver.responses.wait_for("point", sent, timeout=120)
+
+    for _ in range(3):
+        steady_point()
+    losses = resident.worker_losses
+    crashing = InProcessAgent(resolve_target(CRASHER), engines, AgentConfig(flush_interval=0.02))
+    assert crashing.driver.init(timeout=120).success
+    crashing.driver.point(name="cpu", group="c", time=1, fieldsDouble={"value": 1.0})
+    deadline = time.monotonic() + 120
+    while not crashing.driver.responses.of("error"):
+        assert time.monotonic() < deadline, "the crashing task did not end within 120 s"
+        steady_point()
+    (error,) = crashing.driver.responses.of("error")
+    assert "crasher.py: its handler's requests failed twice on Spark's resident workers" in error.error, error.error
+    assert resident.worker_losses == losses + 2
+    for _ in range(3):
+        steady_point()
+    assert [p.fieldsInt["count"] for p in steady.driver.responses.of("point")] == list(range(1, sent + 1))
+    assert not steady.driver.responses.of("error")
+    assert steady.finish(60) == 0
+    crashing.finish(60)
+    assert resident.wait_for_workers(2, timeout=120)  # the next tests find both slots back
 
 
 @pytest.mark.spark
