@@ -49,7 +49,6 @@ MAX_REPLAY_BYTES = 256 * 1024 * 1024
 _MANAGEMENT = frozenset({"info", "init", "snapshot", "restore"})
 # A frame's length prefix when the body is shorter than 128 bytes (a point's usually is not).
 _ONE_BYTE_LENGTHS = [bytes([size]) for size in range(0x80)]
-_thread_id = threading.get_ident
 
 
 class ScriptError(Exception):
@@ -186,15 +185,8 @@ class ResponseSink:
         if response is None:
             raise Exception("cannot write None response")  # Kapacitor's agent's words
         kind = response.WhichOneof("message")
-        if kind == "point":  # nearly every write: _append written out
-            body = response.SerializeToString()
-            size = len(body)
-            frame = _ONE_BYTE_LENGTHS[size] + body if size < 0x80 else encode_varint(size) + body
-            if _thread_id() == self.feeding_thread:
-                self._frames.append(frame)
-            else:
-                with self._lock:
-                    self._from_other_threads.append(frame)
+        if kind == "point":  # nearly every write
+            self._append(response.SerializeToString())
             return
         if kind is None:
             raise ValueError("the handler wrote an empty Response (kapacitord crashes on one): refused")
@@ -221,7 +213,7 @@ class ResponseSink:
     def _append(self, body: bytes) -> None:
         size = len(body)
         frame = _ONE_BYTE_LENGTHS[size] + body if size < 0x80 else encode_varint(size) + body
-        if _thread_id() == self.feeding_thread:
+        if threading.get_ident() == self.feeding_thread:
             self._frames.append(frame)
         else:
             with self._lock:

@@ -17,6 +17,7 @@ DEFAULT_MAX_FRAME_SIZE = 64 * 1024 * 1024
 _MAX_VARINT_BYTES = 10
 
 M = TypeVar("M", bound=Message)
+S = TypeVar("S", bound="FrameSplitter")
 
 
 class ProtocolError(Exception):
@@ -100,6 +101,14 @@ class FrameSplitter:
         self.max_frame_size = max_frame_size
         self._buffer = bytearray()
         self.frames = 0
+
+    @classmethod
+    def continuing(cls: type[S], splitter: FrameSplitter) -> S:
+        """Takes over from ``splitter`` mid-stream: its buffered bytes and frame count."""
+        taking_over = cls(splitter.max_frame_size)
+        taking_over._buffer = splitter._buffer
+        taking_over.frames = splitter.frames
+        return taking_over
 
     @property
     def buffered(self) -> int:

@@ -305,14 +305,6 @@ class FastFrameSplitter(FrameSplitter):
     for the reference path to report.
     """
 
-    @classmethod
-    def continuing(cls, splitter: FrameSplitter) -> FastFrameSplitter:
-        """Takes over from ``splitter`` mid-stream: its buffered bytes and frame count."""
-        fast = cls(splitter.max_frame_size)
-        fast._buffer = splitter._buffer
-        fast.frames = splitter.frames
-        return fast
-
     def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
         if data:
             self._buffer += data
@@ -366,14 +358,6 @@ class RequestRunSplitter(FrameSplitter):
     frames its handler takes as they came (points, BeginBatch, EndBatch) is found in compiled
     code and comes out as one ``RequestRun``, never cut into bodies; any other frame comes
     out as its body, as from ``FrameSplitter`` (its twin, which also reports broken framing)."""
-
-    @classmethod
-    def continuing(cls, splitter: FrameSplitter) -> RequestRunSplitter:
-        """Takes over from ``splitter`` mid-stream: its buffered bytes and frame count."""
-        runs = cls(splitter.max_frame_size)
-        runs._buffer = splitter._buffer
-        runs.frames = splitter.frames
-        return runs
 
     def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
         if data:
