@@ -498,13 +498,17 @@ class ResidentWorkers:
         return self._free_worker(ticket.fresh_after, ticket.home) is not None
 
     def _free_worker(self, fresh_after: float | None, home: object | None = None) -> _Worker | None:
+        """``home`` while it is there; else, of the free workers, the one fewest Handler
+        scripts' handlers live on: a handler made here stays for its task's life, and a slow
+        one holds up only the handlers that share its worker."""
         if isinstance(home, _Worker) and self._slots[home.slot].worker is home:
             return None if home.busy else home
-        for slot in self._slots:
-            worker = slot.worker
-            if worker is not None and not worker.busy and (fresh_after is None or worker.connected_at > fresh_after):
-                return worker
-        return None
+        free = [
+            worker
+            for slot in self._slots
+            if (worker := slot.worker) is not None and not worker.busy and (fresh_after is None or worker.connected_at > fresh_after)
+        ]
+        return min(free, key=lambda worker: len(worker.handlers), default=None)
 
     def _no_slot_cause(self, fresh_after: float | None) -> str:
         if fresh_after is None:

@@ -28,6 +28,7 @@ BATCH_MEAN = os.path.join(HERE, "batch_mean.py")
 BAD_WRITER = os.path.join(HERE, "bad_writer.py")
 ECHO_SERVER = os.path.join(HERE, "echo_server.py")
 CRASHER = os.path.join(HERE, "crasher.py")
+SLEEPY = os.path.join(HERE, "sleepy.py")
 
 
 def init_frame(*options: udf_pb2.Option) -> bytes:
@@ -374,6 +375,37 @@ def test_a_handler_that_kills_its_worker_costs_a_neighbouring_scripts_task_nothi
     assert steady.finish(60) == 0
     crashing.finish(60)
     assert resident.wait_for_workers(2, timeout=120)  # the next tests find both slots back
+
+
+@pytest.mark.spark
+def test_a_slow_handler_holds_up_no_neighbouring_scripts_task_their_handlers_living_on_different_workers(engines):
+    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.testing import InProcessAgent
+
+    steady = InProcessAgent(resolve_target(COUNTER), engines, AgentConfig(flush_interval=0.02))
+    assert steady.driver.init(option("every", 1000), timeout=120).success
+    steady.driver.point(name="cpu", group="a", time=1, fieldsDouble={"value": 1.0})
+    steady.driver.responses.wait_for("point", 1, timeout=120)
+    slow = InProcessAgent(resolve_target(SLEEPY), engines, AgentConfig(flush_interval=0.02))
+    assert slow.driver.init(option("seconds", 3.0), timeout=120).success
+    for when in range(1, 4):  # one call of 9 s
+        slow.driver.point(name="cpu", group="s", time=when, fieldsDouble={"value": 1.0})
+    deadline = time.monotonic() + 60
+    while slow.agent.status()["slots_held"] != 1:
+        assert time.monotonic() < deadline, "the slow handler never started computing"
+        time.sleep(0.05)
+    trips = []
+    for when in range(2, 7):
+        started = time.monotonic()
+        steady.driver.point(name="cpu", group="a", time=when, fieldsDouble={"value": 1.0})
+        steady.driver.responses.wait_for("point", when, timeout=120)
+        trips.append(time.monotonic() - started)
+    assert len(slow.driver.responses.of("point")) == 0, "the slow call ended before the neighbour's round trips did: they show nothing"
+    # Each handler lives on a worker of its own: the neighbour's calls never waited for the 9 s one.
+    assert max(trips) < 2.0, trips
+    assert steady.agent.status()["computed"] != slow.agent.status()["computed"]
+    slow.driver.responses.wait_for("point", 3, timeout=60)
+    assert steady.finish(60) == 0 and slow.finish(60) == 0
 
 
 @pytest.mark.spark
