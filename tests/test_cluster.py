@@ -155,16 +155,15 @@ class Feeder:
         self._thread.join()
 
 
-def _first_output_after_init(driver: KapacitorDriver, timeout: float = 30) -> float:
-    """Seconds from Init to the task's first output point (it computes on Spark only)."""
-    started = time.monotonic()
+def _first_output_after_init(driver: KapacitorDriver, timeout: float) -> None:
+    """Inits the task and waits up to ``timeout`` s for its first output point (it computes on
+    Spark only)."""
     assert driver.init(option("field", "v"), option("size", 2)).success
     driver.point(time=0, name="m", fieldsDouble={"v": 1.0})
     try:
         driver.responses.wait_for("point", 1, timeout=timeout)
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {[e.error for e in driver.responses.of('error')]}\n{driver.log()[-4000:]}") from None
-    return time.monotonic() - started
 
 
 @pytest.fixture
@@ -193,7 +192,10 @@ def test_a_second_long_lived_task_computes_while_the_first_keeps_computing(serve
     feeder = Feeder(first)
     try:
         second = tasks(*where)
-        assert _first_output_after_init(second) < 30
+        # Starved, it would never compute: the first task's resident workers would hold every
+        # core. The bound only has to outlast a second Spark and an executor starting on a
+        # loaded machine.
+        _first_output_after_init(second, timeout=120)
         before = len(first.responses.of("point"))
         time.sleep(2)
         assert len(first.responses.of("point")) > before, "the first task stopped computing"
@@ -211,7 +213,7 @@ def test_a_one_core_worker_gives_a_task_its_first_output(tasks, tmp_path):
         # Well under the 120 s a task waited for a second slot's core when slots were
         # Spark's defaultParallelism; the first output may come from a Spark job, if its
         # task gets the executor's one core before the resident worker's does.
-        assert _first_output_after_init(driver, timeout=60) < 60
+        _first_output_after_init(driver, timeout=60)
         deadline = time.monotonic() + 60
         while "1 of 1 resident Spark worker(s) connected" not in driver.log():
             assert time.monotonic() < deadline, driver.log()[-3000:]
@@ -236,7 +238,7 @@ def test_an_idle_task_gives_its_cores_back(server, tasks, request):
             assert time.monotonic() < deadline, idle.log()[-3000:]
             time.sleep(0.2)
         third = tasks(*where, "--resident-idle", "2s")  # so that the idle task gets a core back soon
-        assert _first_output_after_init(third) < 30
+        _first_output_after_init(third, timeout=120)  # starved, it would never compute
         if server == "standalone":
             # No core for it at first: its first micro-batches run as Spark jobs (the first may
             # finish before the worker connects, or be cancelled for it), then on the worker.
