@@ -119,7 +119,7 @@ def test_bad_durations_and_conf_are_usage_errors(runner):
 
 @pytest.mark.parametrize("text, seconds", [("250ms", 0.25), ("1.5s", 1.5), ("2m", 120.0), ("1h", 3600.0), ("500 us", 0.0005), ("10µs", 1e-5), ("7ns", 7e-9)])
 def test_command_line_durations_take_decimals_and_go_units(text, seconds):
-    from udf_agent.cli import DurationType
+    from udf_agent.cli.params import DurationType
 
     assert DurationType().convert(text, None, None) == pytest.approx(seconds)
 
@@ -150,9 +150,9 @@ def test_help_documents_the_stop_and_hot_path_options(runner, command):
 
 
 def test_engine_options_reach_the_spark_engine():
-    from udf_agent.cli import _engines
+    from udf_agent.runtime.engines import spark_engines
 
-    engines = _engines("local[2]", (("spark.x", "1"),), spark_dispatch="jobs", batch_timeout=2.5)
+    engines = spark_engines("local[2]", (("spark.x", "1"),), spark_dispatch="jobs", batch_timeout=2.5)
     settings = engines._spark_factory().settings
     assert (settings.dispatch, settings.batch_timeout, settings.conf) == ("jobs", 2.5, {"spark.x": "1"})
 
@@ -184,7 +184,7 @@ def test_a_bad_error_policy_is_a_usage_error(runner, value, message):
 
 
 def test_the_dead_letter_directory_is_created_and_reaches_the_agent(tmp_path):
-    from udf_agent.cli import ErrorPolicyType
+    from udf_agent.cli.params import ErrorPolicyType
     from udf_agent.runtime.agent import AgentConfig
 
     directory = tmp_path / "letters" / "new"
@@ -250,16 +250,16 @@ def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path,
 def test_gather_reaches_the_agent_and_its_session():
     import socket
 
-    from udf_agent.cli import _split_options, run
+    from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.runtime.agent import Agent, AgentConfig
-    from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.engines import Engines, split_engine_options
     from udf_agent.runtime.session import GATHER
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
     command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
-    _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
+    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only})
     ours, theirs = socket.socketpair()
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(agent_options))
@@ -280,15 +280,15 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
     import json
     import socket
 
-    from udf_agent.cli import _split_options, run
+    from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.runtime.agent import Agent, AgentConfig
-    from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.engines import Engines, split_engine_options
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["stream_fn", "--allow-module", "mypkg", "--allow-module", "other.functions"])
     command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
-    _, agent_options = _split_options({name: value for name, value in context.params.items() if name not in command_only})
+    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only})
     handshake = json.loads(json.dumps({"agent": agent_options}))["agent"]  # as the shared server reads it
     ours, theirs = socket.socketpair()
     with ours, theirs:

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from udf_agent.cli import _engines
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import BUILTINS
-from udf_agent.runtime.engines import Engines
+from udf_agent.runtime.engines import Engines, spark_engines
 
 
 class StartingEngine:
@@ -70,11 +69,11 @@ def test_udfs_that_compute_nothing_never_reach_spark():
 
 
 def test_computing_while_spark_starts_defaults_on_for_embedded_spark_only():
-    assert _engines("local[*]", ()).local_while_starting is True
-    assert _engines("local[2]", (), local_while_starting=False).local_while_starting is False
-    assert _engines("spark://10.0.0.1:7077", ()).local_while_starting is False
-    assert _engines("spark://10.0.0.1:7077", (), local_while_starting=True).local_while_starting is True
-    assert _engines("local[*]", ()).local_max_points == 0
+    assert spark_engines("local[*]", ()).local_while_starting is True
+    assert spark_engines("local[2]", (), local_while_starting=False).local_while_starting is False
+    assert spark_engines("spark://10.0.0.1:7077", ()).local_while_starting is False
+    assert spark_engines("spark://10.0.0.1:7077", (), local_while_starting=True).local_while_starting is True
+    assert spark_engines("local[*]", ()).local_max_points == 0
 
 
 def test_spark_gets_what_the_agent_needs_as_conf_and_a_cluster_no_loopback_address(monkeypatch):

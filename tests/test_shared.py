@@ -307,8 +307,8 @@ def test_mirror_which_never_starts_spark_runs_in_the_tasks_own_process(drivers, 
 
 
 def test_the_spark_free_built_ins_run_does_not_relay_are_those_declared_so():
-    from udf_agent.cli import SPARK_FREE_BUILTINS
     from udf_agent.library.builtins import BUILTINS
+    from udf_agent.serve.shared import SPARK_FREE_BUILTINS
 
     assert SPARK_FREE_BUILTINS == {name for name, spec in BUILTINS.items() if not spec.compute}
 

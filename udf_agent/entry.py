@@ -3,7 +3,7 @@
 Kapacitor starts a task's process and asks it for Info at once. A task started with the same
 command line as an earlier one, whose shared server still listens, joins that server as the
 earlier one did (``serve/shared.py``, "Remembered launches") without importing the command
-line's machinery; anything else goes to ``cli.py``.
+line's machinery; anything else goes to the click command (``cli/``).
 """
 
 from __future__ import annotations

@@ -460,13 +460,8 @@ def spark_engines() -> Engines:
     if _shared_spark is None:
         import atexit
 
-        from spark_backend import SparkEngine, SparkSettings
-        from udf_agent.runtime.engines import Engines
+        from udf_agent.runtime.engines import spark_engines as engines_on
 
-        # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
-        def make_spark() -> Any:
-            return SparkEngine(SparkSettings(master="local[2]"))
-
-        _shared_spark = Engines(make_spark)
+        _shared_spark = engines_on("local[2]", (), local_while_starting=False)
         atexit.register(_shared_spark.stop)
     return _shared_spark

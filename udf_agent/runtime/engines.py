@@ -6,9 +6,11 @@ Nothing heavy is imported here, so the Info path stays fast.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import Engine, LocalEngine
@@ -85,3 +87,53 @@ class Engines:
         except Exception:
             # The compute thread meets the same failure and reports it to Kapacitor.
             log.exception("engine warm-up failed")
+
+
+# The options of 'run' and 'serve' that set up the engines rather than the agent.
+ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote", "worker_memory")
+
+
+def split_engine_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A command line's compute options: (the engines', the agent's)."""
+    engine = {name: options[name] for name in ENGINE_OPTIONS}
+    return engine, {name: value for name, value in options.items() if name not in engine}
+
+
+def spark_engines(
+    master: str,
+    confs: tuple[tuple[str, str], ...],
+    spark_dispatch: str = "resident",
+    batch_timeout: float = 60.0,
+    resident_slots: int | None = None,
+    resident_idle: float = 30.0,
+    local_while_starting: bool | None = None,
+    local_max_points: int = 0,
+    remote: str | None = None,
+    worker_memory: int | None = None,
+) -> Engines:
+    """Engines computing on the Spark these settings describe, started on first use."""
+
+    # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
+    def make_spark() -> Any:
+        from spark_backend import SparkEngine, SparkSettings
+
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote, worker_memory=worker_memory))
+
+    if local_while_starting is None:
+        # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
+        local_while_starting = master.startswith("local") and remote is None
+    return Engines(make_spark, local_max_points, local_while_starting)
+
+
+# Kapacitor waits for the process's exit after our output ends: Spark gets this long
+# to stop cleanly; its JVM exits by itself once this process is gone.
+SPARK_STOP_GRACE = 2.0
+
+
+def exit_process(code: int, engines: Engines) -> NoReturn:
+    """Ends the process once every frame is out: Spark's JVM follows its parent down."""
+    stopper = threading.Thread(target=engines.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=SPARK_STOP_GRACE)
+    sys.stderr.flush()
+    os._exit(code)

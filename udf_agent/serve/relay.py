@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, NoReturn
 
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
+from udf_agent.runtime.stop_signals import on_stop_signals
 from udf_agent.runtime.transports import PIPE_SIZE, claim_stdio_fds, size_pipe
 from udf_agent.serve.failover import CarryOver, CarryOverError
 from udf_agent.serve.relay_link import ChunkSplitter
@@ -125,7 +124,8 @@ class Relay:
         # relay for 4 KiB more, thousands of times a second under its feed.
         size_pipe(self._write_fd, PIPE_SIZE)
         threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
-        self._on_stop_signals()
+        # SIGTERM ends the input as Kapacitor closing stdin would.
+        on_stop_signals(lambda reason: self._end_input(), "the shared server finishes this task's accepted work")
         while True:
             code = self._relay_output()
             if code is None:
@@ -366,22 +366,6 @@ class Relay:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-
-    def _on_stop_signals(self) -> None:
-        """SIGTERM/SIGINT end the input as Kapacitor closing stdin would (an orderly drain);
-        a second exits at once."""
-        received: list[int] = []
-
-        def handle(signum: int, frame: FrameType | None) -> None:
-            if received:
-                os._exit(128 + signum)
-            received.append(signum)
-            log.warning("%s received: the shared server finishes this task's accepted work (send it again to exit at once)", signal.Signals(signum).name)
-            self._end_input()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, handle)
-
 
 def _restore_frame(snapshot: bytes) -> bytes:
     """A RestoreRequest of ``snapshot``, framed: Request.restore (field 5) holding

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from udf_agent import udf_pb2
 from udf_agent.tools.lineproto import FieldValue, LinePoint
 from udf_agent.tools.replay import OutputPoint, group_id
 
@@ -28,6 +29,11 @@ MAX_SERIES = 6  # per side and panel: more lines than this are unreadable
 
 class PlotError(Exception):
     """The plot cannot be drawn (matplotlib missing, nothing numeric to draw)."""
+
+
+def fields_named_by(options: Sequence[udf_pb2.Option]) -> list[str]:
+    """The string values of a UDF's options: the input fields worth plotting, when they name some."""
+    return [value.stringValue for option in options for value in option.values if value.type == udf_pb2.STRING]
 
 
 def replay_figure(title: str, inputs: Sequence[LinePoint], outputs: Sequence[OutputPoint], group_by: Sequence[str], input_fields: Sequence[str] = ()) -> Figure:

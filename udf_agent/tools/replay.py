@@ -15,13 +15,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.tools.harness import ResponseReader, ServedAgent
-from udf_agent.tools.lineproto import FieldValue, LinePoint, fields_of, set_fields
-from udf_agent.tools.recordings import RecordedBatch
+from udf_agent.tools.lineproto import FieldValue, LinePoint, fields_of, open_input, read_points, set_fields
+from udf_agent.tools.recordings import BATCH_EXTENSION, STREAM_EXTENSION, RecordedBatch, read_batch_recording, read_stream_recording
 from udf_agent.tools.tickscript import check_call
 from udf_agent.wire.frames import encode_frame
 
@@ -187,6 +187,19 @@ class InProcessKapacitor:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def read_replay_input(path: str, precision: str, stdin: IO[bytes]) -> tuple[list[LinePoint], list[RecordedBatch] | None]:
+    """The points in ``path`` (line protocol, gzip or not, ``-`` for ``stdin``; or a Kapacitor
+    recording, by its extension) and, for a batch recording, its batches as recorded.
+    Raises OSError, LineProtocolError or RecordingError."""
+    if path.endswith(BATCH_EXTENSION):
+        batches = read_batch_recording(path)
+        return [point for batch in batches for point in batch.points], batches
+    if path.endswith(STREAM_EXTENSION):
+        return list(read_stream_recording(path, precision)), None
+    with open_input(path, stdin) as stream:
+        return list(read_points(stream, "stdin" if path == "-" else path, precision)), None
 
 
 def in_process_engines() -> Engines:
