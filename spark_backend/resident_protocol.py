@@ -1,6 +1,6 @@
 """Messages between the agent and its resident workers, over TCP, both ways.
 
-A header (kind: 1 byte, payload length: 8 bytes), then the payload. The job (the UDF and its
+A header (kind: 1 byte, payload length: 8 bytes; ``udf_agent/wire/links.py``), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
 UDF, keyed by a digest of its pickle; tasks and results travel as Arrow IPC. A Kapacitor
 Handler script's requests travel as HANDLER (a JSON header, then its byte strings one after
@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from udf_agent.wire.links import HEADER, LENGTH
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 
-_LENGTH = struct.Struct("!I")
-
-HEADER = struct.Struct("!BQ")
 # HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB and
 # TASKS carry the job key first. OVER_MEMORY is a worker's last word: it passed its memory
 # limit while computing, and exits.
@@ -120,14 +118,14 @@ def read_handler_outcome(payload: bytearray) -> HandlerOutcome:
 
 def _framed(header: Mapping[str, object], blobs: list[bytes]) -> list[bytes]:
     encoded = json.dumps({**header, "sizes": [len(blob) for blob in blobs]}).encode()
-    return [_LENGTH.pack(len(encoded)), encoded, *blobs]
+    return [LENGTH.pack(len(encoded)), encoded, *blobs]
 
 
 def _unframed(payload: bytearray) -> tuple[dict[str, Any], list[bytes]]:
     view = memoryview(payload)
-    (length,) = _LENGTH.unpack_from(view)
-    header = json.loads(bytes(view[_LENGTH.size : _LENGTH.size + length]))
-    pos = _LENGTH.size + length
+    (length,) = LENGTH.unpack_from(view)
+    header = json.loads(bytes(view[LENGTH.size : LENGTH.size + length]))
+    pos = LENGTH.size + length
     blobs = []
     for size in header["sizes"]:
         blobs.append(bytes(view[pos : pos + size]))

@@ -16,9 +16,10 @@ from udf_agent import udf_pb2
 from udf_agent.runtime.connection import WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
 from udf_agent.runtime.writer import Writer
-from udf_agent.serve.relay_link import HEADER, MAX_QUEUED_LOG_BYTES, ChunkSplitter, RelayedConnection, log_message
+from udf_agent.serve.relay_link import MAX_QUEUED_LOG_BYTES, OUTPUT, ChunkSplitter, LinkError, RelayedConnection, log_message
 from udf_agent.wire.frames import encode_frame
 from udf_agent.wire.guard import error_frame
+from udf_agent.wire.links import HEADER, message
 
 
 def point_frames(count: int, first: int = 0) -> bytes:
@@ -29,7 +30,7 @@ CHUNKS = [point_frames(3), point_frames(1, 3), error_frame("it failed")]
 RECORDS = [b'{"message": "first"}', b'{"message": "second"}', b'{"message": "after the last chunk"}']
 # Output and log records interleaved, as the server sends them: a record ahead of a write's chunk.
 MESSAGES = [("record", RECORDS[0]), ("chunk", CHUNKS[0]), ("chunk", CHUNKS[1]), ("record", RECORDS[1]), ("chunk", CHUNKS[2]), ("record", RECORDS[2])]
-STREAM = b"".join(HEADER.pack(len(body)) + body if kind == "chunk" else log_message(body) for kind, body in MESSAGES)
+STREAM = b"".join(message(OUTPUT, body) if kind == "chunk" else log_message(body) for kind, body in MESSAGES)
 ENDS = [sum(HEADER.size + len(body) for _, body in MESSAGES[: n + 1]) for n in range(len(MESSAGES))]
 
 
@@ -78,6 +79,15 @@ def test_a_chunk_cut_short_stays_buffered_and_is_never_passed_on():
     assert splitter.last_chunk == CHUNKS[0]
 
 
+def test_a_message_of_an_unknown_kind_is_refused_saying_so():
+    with pytest.raises(LinkError, match="unknown kind 7"):
+        ChunkSplitter().feed(message(OUTPUT, b"\x01\x00") + message(7, b"??"))
+
+
+def test_a_message_is_its_kind_and_length_little_endian_then_its_payload():
+    assert message(2, b"abc") == b"\x02" + (3).to_bytes(8, "little") + b"abc"
+
+
 def test_a_relayed_connection_sends_each_write_as_one_chunk_over_a_real_socket():
     ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, relay:
@@ -88,7 +98,7 @@ def test_a_relayed_connection_sends_each_write_as_one_chunk_over_a_real_socket()
         received = b""
         while data := relay.recv(65536):
             received += data
-    assert received == b"".join(HEADER.pack(len(chunk)) + chunk for chunk in CHUNKS)
+    assert received == b"".join(message(OUTPUT, chunk) for chunk in CHUNKS)
 
 
 def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header():

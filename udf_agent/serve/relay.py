@@ -24,7 +24,7 @@ from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.stop_signals import on_stop_signals
 from udf_agent.runtime.transports import PIPE_SIZE, claim_stdio_fds, size_pipe
 from udf_agent.serve.failover import CarryOver, CarryOverError
-from udf_agent.serve.relay_link import ChunkSplitter
+from udf_agent.serve.relay_link import ChunkSplitter, LinkError
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
 from udf_agent.wire.frames import FrameSplitter, encode_varint
 
@@ -149,6 +149,8 @@ class Relay:
             return 0
         except CarryOverError as exc:
             return self._fail(f"udf-agent: this task could not be carried over to a new shared Spark server: {exc}")
+        except LinkError as exc:
+            return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) sent what this task's process cannot read ({exc}); its log: {self._welcome.log}")
         _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why

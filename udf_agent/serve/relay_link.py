@@ -7,8 +7,8 @@ relay a step per frame (a third of its CPU under Kapacitor's feed); the server k
 since each of its writes is whole frames. So each write goes out as one chunk behind its length,
 and the relay passes on whole chunks without looking inside them.
 
-A length with its top bit set heads a log record instead (``logs.forwarded_record``): what the
-task logged in the server, which the relay logs on the task's own stderr, where Kapacitor keeps
+A message's kind (``wire/links.py``) says what it holds: OUTPUT, such a chunk; LOG_RECORD, a
+log record (``logs.forwarded_record``): what the task logged in the server, which the relay logs on the task's own stderr, where Kapacitor keeps
 a UDF's log. Records travel ahead of the output chunk of the writer's next write, so the agent's
 writer stays the only thread that writes to the socket; a task that logs while no output flows
 wakes its writer with an empty write. Logging never waits on the relay: records the writer has
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 from typing import NamedTuple
 
@@ -27,15 +26,10 @@ from udf_agent.runtime.connection import Deadline, WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.transports import SocketConnection, no_deadline
 from udf_agent.runtime.writer import LinkMessage, Writer
+from udf_agent.wire.links import HEADER, LENGTH, message
 
-HEADER = struct.Struct("<Q")
-# Set in a header: a log record follows, not output (no chunk comes near 2**62 bytes).
-LOG_RECORD = 1 << 63
-# Set in a header: a checkpoint follows (``checkpoint_message``).
-CHECKPOINT = 1 << 62
-KINDS = LOG_RECORD | CHECKPOINT
-# A checkpoint's payload starts with the input bytes it covers and its Init frame's length.
-CHECKPOINT_HEAD = struct.Struct("<QQ")
+# The kinds of message: whole frames of output, a log record, a checkpoint (``checkpoint_message``).
+OUTPUT, LOG_RECORD, CHECKPOINT = range(3)
 # A task's log records waiting for its writer (one is at most ~20 KiB: messages are cut).
 MAX_QUEUED_LOG_BYTES = 256 * 1024
 
@@ -44,8 +38,8 @@ def checkpoint_message(input_bytes: int, init_frame: bytes, snapshot: bytes) -> 
     """A checkpoint as it goes to the relay, in its place among the output chunks: the task's
     state (``snapshot``, the agent's own) as of ``input_bytes`` of its input, every output
     for that input written before it, and the Init that starts the task afresh."""
-    payload = CHECKPOINT_HEAD.pack(input_bytes, len(init_frame)) + init_frame + snapshot
-    return LinkMessage(HEADER.pack(CHECKPOINT | len(payload)) + payload)
+    payload = LENGTH.pack(input_bytes) + LENGTH.pack(len(init_frame)) + init_frame + snapshot
+    return LinkMessage(message(CHECKPOINT, payload))
 
 
 class Checkpoint(NamedTuple):
@@ -55,14 +49,15 @@ class Checkpoint(NamedTuple):
 
     @classmethod
     def parse(cls, payload: bytes) -> Checkpoint:
-        input_bytes, init_length = CHECKPOINT_HEAD.unpack_from(payload)
-        start = CHECKPOINT_HEAD.size
+        (input_bytes,) = LENGTH.unpack_from(payload)
+        (init_length,) = LENGTH.unpack_from(payload, LENGTH.size)
+        start = 2 * LENGTH.size
         return cls(input_bytes, payload[start : start + init_length], payload[start + init_length :])
 
 
 def log_message(record: bytes) -> bytes:
     """``record`` as it goes to the relay: behind its length, marked as a log record."""
-    return HEADER.pack(LOG_RECORD | len(record)) + record
+    return message(LOG_RECORD, record)
 
 
 class RelayedConnection(SocketConnection):
@@ -89,14 +84,14 @@ class RelayedConnection(SocketConnection):
 
     def _queue_log_record(self, record: bytes) -> None:
         """Any thread; never waits for the relay (past the bound, the record is dropped)."""
-        message = log_message(record)
+        framed = log_message(record)
         with self._log_lock:
-            if self._log_bytes + len(message) > MAX_QUEUED_LOG_BYTES:
+            if self._log_bytes + len(framed) > MAX_QUEUED_LOG_BYTES:
                 self._logs_dropped += 1
                 return
             wake = not self._log_messages  # else a write that takes them is due already
-            self._log_messages.append(message)
-            self._log_bytes += len(message)
+            self._log_messages.append(framed)
+            self._log_bytes += len(framed)
         if wake and self._writer is not None:
             self._writer.send(b"", wait=False)  # an empty write: the records go out with it
 
@@ -119,23 +114,27 @@ class RelayedConnection(SocketConnection):
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         """``data``, whole frames (or nothing), as one chunk, after the log records queued since
         the last write; a link message (a checkpoint) as it is."""
-        message = self._take_log_messages()
+        queued = self._take_log_messages()
         if isinstance(data, LinkMessage):
-            super().write(message + data, deadline)
+            super().write(queued + data, deadline)
             return
         if data:
-            message += HEADER.pack(len(data)) + data
-        if not message:
+            queued += message(OUTPUT, data)
+        if not queued:
             return
         try:
-            super().write(message, deadline)
+            super().write(queued, deadline)
         except WriteTimeout as exc:  # counted in frames' bytes, headers and log records not included
-            raise WriteTimeout(max(0, exc.written - (len(message) - len(data)))) from None
+            raise WriteTimeout(max(0, exc.written - (len(queued) - len(data)))) from None
 
     def close_write(self) -> None:
         if self._routes is not None and self._labels is not None:
             self._routes.remove(self._labels)  # what the task logs from now on stays in the server's log
         super().close_write()
+
+
+class LinkError(ValueError):
+    """What the server sent is not this link's messages."""
 
 
 class ChunkSplitter:
@@ -162,17 +161,19 @@ class ChunkSplitter:
         records: list[bytes] = []
         checkpoint: Checkpoint | None = None
         while size - pos >= HEADER.size and checkpoint is None:
-            (header,) = HEADER.unpack_from(buffer, pos)
-            end = pos + HEADER.size + (header & ~KINDS)
+            kind, length = HEADER.unpack_from(buffer, pos)
+            end = pos + HEADER.size + length
             if end > size:
                 break
             body = bytes(buffer[pos + HEADER.size : end])
-            if header & LOG_RECORD:
+            if kind == OUTPUT:
+                chunks.append(body)
+            elif kind == LOG_RECORD:
                 records.append(body)
-            elif header & CHECKPOINT:
+            elif kind == CHECKPOINT:
                 checkpoint = Checkpoint.parse(body)
             else:
-                chunks.append(body)
+                raise LinkError(f"a message of unknown kind {kind}")
             pos = end
         del buffer[:pos]
         if chunks:

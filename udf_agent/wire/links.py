@@ -1,0 +1,21 @@
+"""How udf-agent's own links frame their messages: the relay's link to the shared server
+(``serve/relay_link.py``) and the agent's to its resident Spark workers
+(``spark_backend/resident_protocol.py``).
+
+A message is its kind (one byte) and its payload's length (eight bytes), then the payload. A
+length inside a payload is eight bytes too. Little-endian throughout. Kapacitor's own frames
+are another format: a varint length, then a protobuf message (``frames.py``). A snapshot is a
+stored format of its own, versioned (``runtime/snapshot.py``).
+"""
+
+from __future__ import annotations
+
+import struct
+
+HEADER = struct.Struct("<BQ")
+LENGTH = struct.Struct("<Q")
+
+
+def message(kind: int, payload: bytes) -> bytes:
+    """``payload`` behind its header."""
+    return HEADER.pack(kind, len(payload)) + payload
