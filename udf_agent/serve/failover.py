@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from udf_agent.serve.relay_link import Checkpoint
+from udf_agent.wire.frames import ProtocolError, read_varint
 
 # The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
 INIT_REPLY = (2 << 3) | 2
@@ -44,16 +45,11 @@ def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
     the last may not be whole (its end past ``data``'s)."""
     pos, size = 0, len(data)
     while pos < size:
-        start, length, shift = pos, 0, 0
-        while True:
-            if pos >= size:
-                return  # a length cut short: the frame is not whole
-            byte = data[pos]
-            pos += 1
-            length |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
+        start = pos
+        try:
+            length, pos = read_varint(data, pos)
+        except ProtocolError:
+            return  # a length cut short: the frame is not whole
         yield start, pos + length, data[pos] if length and pos < size else -1
         pos += length
 

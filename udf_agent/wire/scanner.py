@@ -143,19 +143,8 @@ def _handler_run(buf: Any, pos: int, limit: int) -> tuple[int, int]:
     size = buf.shape[0]
     count = 0
     while pos < size:
-        length = 0
-        shift = 0
-        cursor = pos
-        while cursor < size and shift < 64:
-            byte = buf[cursor]
-            cursor += 1
-            length |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
-        else:
-            return pos, count
-        if length < 2 or length > limit or cursor + length > size:
+        length, cursor = varint(buf, pos, size)
+        if cursor < 0 or length < 2 or length > limit or cursor + length > size:
             return pos, count
         first = buf[cursor]
         if buf[cursor + 1] != 0x01 or (first != _BEGIN_KEY_0 and first != _POINT_KEY_0 and first != _END_KEY_0):
