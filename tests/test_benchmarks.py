@@ -112,7 +112,7 @@ def _baseline_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
 def _project_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.library.builtins import BUILTINS
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines
     from udf_agent.testing import InProcessAgent, option
 

@@ -185,7 +185,7 @@ def test_a_bad_error_policy_is_a_usage_error(runner, value, message):
 
 def test_the_dead_letter_directory_is_created_and_reaches_the_agent(tmp_path):
     from udf_agent.cli.params import ErrorPolicyType
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
 
     directory = tmp_path / "letters" / "new"
     policy = ErrorPolicyType().convert(f"dead-letter:{directory}", None, None)
@@ -252,7 +252,8 @@ def test_gather_reaches_the_agent_and_its_session():
 
     from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
-    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines, split_engine_options
     from udf_agent.runtime.session import GATHER
     from udf_agent.runtime.transports import SocketConnection
@@ -282,7 +283,8 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
 
     from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
-    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines, split_engine_options
     from udf_agent.runtime.transports import SocketConnection
 

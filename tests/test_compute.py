@@ -12,7 +12,7 @@ from udf_agent import udf_pb2
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, Task, spark_ddl, tasks_table
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import moving_avg, outliers
-from udf_agent.runtime.agent import AgentConfig
+from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.testing import Duration, InProcessAgent, option
 from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch

@@ -313,7 +313,7 @@ def test_a_script_that_would_import_kapacitors_own_agent_is_refused_saying_which
 
 @pytest.mark.spark
 def test_a_handler_lives_on_a_resident_worker_and_a_lost_worker_is_replaced_and_the_handler_rebuilt(spark_engine, engines):
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.testing import InProcessAgent
 
     resident = spark_engine.resident
@@ -341,7 +341,7 @@ def test_a_handler_that_kills_its_worker_costs_a_neighbouring_scripts_task_nothi
     """Both tasks' handlers live on the host's two resident workers; the crashing one kills
     the one it runs on, then (retried there) the other: whichever held the neighbour's
     handler, the neighbour goes on counting, rebuilt from its snapshot, every output once."""
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.testing import InProcessAgent
 
     resident = spark_engine.resident
@@ -379,7 +379,7 @@ def test_a_handler_that_kills_its_worker_costs_a_neighbouring_scripts_task_nothi
 
 @pytest.mark.spark
 def test_a_slow_handler_holds_up_no_neighbouring_scripts_task_their_handlers_living_on_different_workers(engines):
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.testing import InProcessAgent
 
     steady = InProcessAgent(resolve_target(COUNTER), engines, AgentConfig(flush_interval=0.02))
@@ -410,7 +410,7 @@ def test_a_slow_handler_holds_up_no_neighbouring_scripts_task_their_handlers_liv
 
 @pytest.mark.spark
 def test_an_exception_in_a_handler_on_spark_ends_the_task_with_its_error(engines):
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.testing import InProcessAgent
 
     agent = InProcessAgent(resolve_target(COUNTER), engines, AgentConfig(flush_interval=0.02))

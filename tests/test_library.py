@@ -7,7 +7,7 @@ import pytest
 
 from udf_agent.library.scores import ewma, mad, zscore
 from udf_agent.options import Duration
-from udf_agent.runtime.agent import AgentConfig
+from udf_agent.runtime.config import AgentConfig
 from udf_agent.testing import InProcessAgent, option, run_udf
 
 HOSTS = ("a", "b", "c")

@@ -20,7 +20,7 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg
 from udf_agent.runtime import snapshot as snap
-from udf_agent.runtime.agent import AgentConfig
+from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.snapshot import SnapshotError, dump_snapshot, load_snapshot
 from udf_agent.testing import InProcessAgent, grouped_point, option
 from udf_agent.wire.frames import encode_varint

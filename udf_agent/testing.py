@@ -53,7 +53,7 @@ from udf_agent.wire.frames import encode_frame, read_varint
 if TYPE_CHECKING:
     import pandas as pd
 
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines
 
 __all__ = ["Duration", "InProcessAgent", "KapacitorDriver", "SocketDriver", "option", "run_udf"]

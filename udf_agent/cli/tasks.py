@@ -71,7 +71,8 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
         asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
         argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
         relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None, script_args)
-    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdio
 
@@ -98,7 +99,8 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
 @compute_options
 def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, metrics_address: str | None, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
-    from udf_agent.runtime.agent import Agent, AgentConfig
+    from udf_agent.runtime.agent import Agent
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.serve.socket_server import UnixSocketServer
 

@@ -91,7 +91,7 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
       udf-agent replay moving_avg --input cpu.lp.gz -o field=usage_user -o size=10 \\
           --group-by host --plot cpu.png > averaged.lp
     """
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import spark_engines
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.transports import claim_stdout

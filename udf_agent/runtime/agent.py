@@ -2,7 +2,7 @@
 
 The reader never waits on compute: it splits frames, answers keepalives and
 management requests at once, and hands closed micro-batches to the compute
-thread in order. Past a budget of points waiting for compute it stops
+thread in order, which runs each on its ``MicroBatchRunner`` (``runner.py``). Past a budget of points waiting for compute it stops
 reading (backpressure) and sends heartbeat KeepaliveResponses meanwhile, so
 Kapacitor's watchdog never fires. The writer is the only thread that writes.
 """
@@ -13,36 +13,20 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.compute.engine import EngineStartError
-from udf_agent.errors import first_line
 from udf_agent.runtime.collector import freeze_startup_objects
+from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.session import GATHER, Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
-from udf_agent.runtime.stats import TaskStats
+from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink, MicroBatchRunner, UDFError
+from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
-from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
-from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
-from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
 from udf_agent.wire.guard import error_frame, keepalive_frame
-
-if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
-    import pyarrow as pa
-
-    from udf_agent.compute.contract import Job
-    from udf_agent.compute.engine import Engine
-    from udf_agent.options import OptionValues
-    from udf_agent.runtime.handler_task import HandlerTask
 
 log = logging.getLogger(__name__)
 
@@ -59,41 +43,6 @@ UNREAD_INPUT_BYTES = 256 * 1024
 PASSTHROUGH_UNREAD_INPUT_BYTES = 1024 * 1024
 
 
-@dataclass
-class AgentConfig:
-    max_batch_points: int = 50_000
-    flush_interval: float = 0.5
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    # Points accepted but not yet computed before the reader stops reading:
-    # enough to ride out Spark's start-up and slow micro-batches at full rate.
-    max_pending_points: int = 500_000
-    # Groups whose history and state are kept; past it the least recently seen are dropped.
-    max_groups: int = 1_000_000
-    # What a failing UDF call does: "fail" the task (Kapacitor's convention), "skip" the
-    # failed groups' points (logged and counted), or "dead-letter" them into dead_letter_dir.
-    on_error: str = "fail"
-    dead_letter_dir: str | None = None
-    # After input ends (EOF, SIGTERM) accepted work is computed and written for
-    # at most this long: Kapacitor waits for the UDF's exit without limit.
-    drain_timeout: float = 5.0
-    # An idle compute side takes what is buffered at once; without this, points
-    # wait for flush_interval or max_batch_points.
-    adaptive_flush: bool = True
-    # How long an adaptive flush lets a micro-batch gather while points flow in fast.
-    gather: float = GATHER
-    # Module prefixes stream_fn and batch_fn may import besides what PYTHONPATH holds (--allow-module).
-    allow_modules: tuple[str, ...] = ()
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> AgentConfig:
-        """From options named after its fields, ``on_error`` as (policy, dead-letter directory):
-        the command line's, or those a relay's handshake carries to the shared server."""
-        policy, directory = options["on_error"]
-        own = {name: value for name, value in options.items() if name not in ("on_error", "allow_modules")}
-        # A handshake carries a list (JSON), and a launch remembered by an earlier version none.
-        return cls(**own, on_error=policy, dead_letter_dir=directory, allow_modules=tuple(options.get("allow_modules", ())))
-
-
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
 # anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire
 # while a backlog is computed for a task that is failing.
@@ -108,37 +57,8 @@ class _Finish:
         self.code = code if error is not None else 0
 
 
-@dataclass
-class _Computed:
-    """What the slices of one micro-batch gave, in group order."""
-
-    outputs: list[bytes | None] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    failure: str | None = None  # the error of the first failed group, when it ends the task
-    set_aside: bool = False  # some groups' points were skipped (--on-error)
-
-
 # What the compute thread takes from the work queue, in order.
 Work = Compute | Emit | TakeSnapshot | Restore | TakeCheckpoint | _Finish
-
-# A relayed task is checkpointed (``TakeCheckpoint``) at most this often, and sooner once this
-# much input has come since the last one: what its relay keeps to replay after a failover.
-CHECKPOINT_INTERVAL = 5.0
-CHECKPOINT_INPUT_BYTES = 16 * 1024 * 1024
-# ... but a checkpoint that takes long (many groups) is taken no more than this share of the time.
-CHECKPOINT_TIME_SHARE = 0.02
-
-
-class CheckpointSink(Protocol):
-    """Where a relayed task's checkpoints go: its link to the relay, which carries the task
-    over to a new server if this one dies."""
-
-    def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
-
-
-class UDFError(RuntimeError):
-    """A UDF call or a compute job failed: the task cannot go on."""
-
 
 class Agent:
     """Serves one connection. ``spec`` may come later (``run(spec)``): the reader
@@ -147,7 +67,6 @@ class Agent:
     def __init__(self, spec: UDFSpec | None, connection: Connection, engines: Engines, config: AgentConfig | None = None, checkpoints: CheckpointSink | None = None):
         self.config = config or AgentConfig()
         self._checkpoints = checkpoints
-        self._checkpoint_interval = CHECKPOINT_INTERVAL
         self._next_checkpoint_at = time.monotonic() + CHECKPOINT_INTERVAL
         self._checkpointed_bytes = 0
         self.connection = connection
@@ -165,11 +84,10 @@ class Agent:
         self.labels = TaskLabels()
         self.writer = Writer(connection, self.labels)
         self._reader: threading.Thread | None = None
-        self._options: OptionValues | None = None
-        self._job: Job | None = None
-        self._handler: HandlerTask | None = None  # a Kapacitor Handler script's task
-        self.groups = GroupStore(self.config.max_groups)
-        self.stats = TaskStats()
+        # The compute thread's side: what it owns, no one else touches.
+        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.session.guard, self.labels, checkpoints)
+        self.groups = self.runner.groups
+        self.stats = self.runner.stats
         self._passed_out = 0  # passthrough points sent (the reader's count; the compute thread counts the rest)
         self._stop_reading = threading.Event()
         self._stop_reason: str | None = None
@@ -177,8 +95,6 @@ class Agent:
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
-        self._abandoned = False
-        self._computing = 0  # points of the micro-batch being computed
         self._compute_busy = False  # the compute thread holds a work item
         # When the compute thread, waiting for work, wakes by itself to look at the open
         # micro-batch; -inf while it is not waiting.
@@ -209,8 +125,7 @@ class Agent:
         compute.start()
         self.start_reading()
         not_computed = self._wait_for_compute(compute)
-        if self._handler is not None and self.spec is not None:
-            self._handler.end(self.engines.engine_for(self.spec))
+        self.runner.end()
         self.writer.join()
         self._report_drain(not_computed)
         if self.writer.broken is not None and self.exit_code == 0:
@@ -236,8 +151,8 @@ class Agent:
         """A deadline passed with work left: it is dropped, and the output closed, after
         the ErrorResponse of a protocol error if there was one."""
         with self._cond:
-            self._abandoned = True
-            not_computed = self._computing + self._points_waiting()
+            self.runner.abandoned = True
+            not_computed = self.runner.computing + self._points_waiting()
             self._work.clear()
             self._compute_done.set()
             self._cond.notify_all()
@@ -265,10 +180,7 @@ class Agent:
 
     def _adopt(self, spec: UDFSpec) -> None:
         self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
-        if spec.handler is not None:
-            from udf_agent.runtime.handler_task import HandlerTask
-
-            self._handler = HandlerTask(spec.handler)
+        self.runner.adopt(spec)
         with self._cond:
             self.spec = spec
             self.labels.udf = spec.name
@@ -353,7 +265,7 @@ class Agent:
             if events:
                 self._dispatch(events)
                 self._checkpointed_bytes = self.session.bytes_acted_on
-                self._next_checkpoint_at = now + self._checkpoint_interval
+                self._next_checkpoint_at = now + self.runner.checkpoint_interval
 
     def _act_on_input(self) -> bool:
         """Acts on a slice of the frames read, under the lock (briefly: the compute thread
@@ -397,7 +309,7 @@ class Agent:
     @property
     def initialized(self) -> bool:
         """Whether an InitRequest has been accepted."""
-        return self._options is not None
+        return self.runner.options is not None
 
     def _loaded(self) -> tuple[UDFSpec, Session]:
         """The UDF and its session, known before any work reaches the compute thread."""
@@ -481,10 +393,11 @@ class Agent:
         return queued + self.session.pending_points()
 
     def _start(self, event: Started) -> None:
-        self._options = event.options
+        self.runner.options = event.options
         self.labels.task_id, self.labels.node_id = event.task_id, event.node_id
         # What the task runs: the UDF a stream_fn or batch_fn target named, from its Init on.
         self.spec = self.session.spec
+        self.runner.adopt(self.spec)
         self.labels.udf = self.spec.name
         if event.reply is None:
             log.info("task %s node %s: Kapacitor Handler script %s: its Init goes to its handler", event.task_id or "?", event.node_id or "?", self._loaded()[0].name)
@@ -536,16 +449,10 @@ class Agent:
                 if isinstance(item, _Finish):
                     self._finish(item.error, item.code)
                     return
-                if isinstance(item, Compute):
-                    self._compute(item)
-                elif isinstance(item, Emit):
+                if isinstance(item, Emit):
                     self.writer.send(item.frames)
-                elif isinstance(item, TakeSnapshot):
-                    self._snapshot()
-                elif isinstance(item, Restore):
-                    self._restore(item.snapshot)
-                elif isinstance(item, TakeCheckpoint):
-                    self._checkpoint(item)
+                else:
+                    self.runner.run(item)
         except UDFError as exc:
             self._finish(str(exc))
         except BaseException as exc:  # even SystemExit from a UDF must end the task, not hang it
@@ -558,7 +465,7 @@ class Agent:
         with self._cond:
             self._compute_busy = False  # the previous item is done
             while not self._work:
-                if self._abandoned:
+                if self.runner.abandoned:
                     return _Finish()
                 now = time.monotonic()
                 deadline = self._micro_batch_due(now)
@@ -581,7 +488,7 @@ class Agent:
         with self._cond:
             self._compute_done.set()
             self._cond.notify_all()
-            if self._abandoned:
+            if self.runner.abandoned:
                 return
         # Even a peer that stopped reading must not hold the last frames (and the exit) for ever.
         self.writer.drain_by(time.monotonic() + self.config.drain_timeout)
@@ -591,202 +498,3 @@ class Agent:
             self.connection.abort_read()
         else:
             self.writer.close()
-
-    def _compute(self, item: Compute) -> None:
-        spec, _ = self._loaded()
-        if isinstance(item.batch, HandlerMicroBatch):
-            self._compute_handler(item.batch)
-            return
-        if self._job is None:
-            from udf_agent.compute.contract import Job
-
-            assert self._options is not None  # points are refused before a successful Init
-            self._job = Job(spec, self._options.raw(), self.labels.task_id, self.labels.node_id)
-        job = self._job
-        from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
-
-        batch = item.batch
-        grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
-        if grouped is not None:
-            task_tables = stream_task_slices(grouped, self.groups)
-        else:
-            assert isinstance(batch, BatchMicroBatch)
-            task_tables = batch_task_runs(batch, self.groups)
-        engine = self.engines.engine_for(spec, batch.count)
-        started = time.monotonic()
-        self.stats.micro_batch_taken(started - batch.opened_at)
-        self._computing = batch.count
-        done = _Computed()
-        try:
-            for tasks in task_tables:
-                if not self._compute_slice(job, engine, tasks, grouped, done) or self._abandoned:
-                    break
-        finally:
-            self._computing = 0
-        if self._abandoned:
-            return
-        self.groups.evict()
-        # In arrival order only when every group gave one frame per new point and none failed.
-        from udf_agent.runtime.output import output_pieces
-
-        self.stats.micro_batches += 1
-        self.stats.compute_seconds.observe(time.monotonic() - started)
-        self.stats.points_out += sum(done.counts)
-        self.stats.computed = engine.name
-        in_order_of = grouped if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=hotpath.scanner_loaded()):
-            self.writer.send(piece)
-        if done.failure is not None:
-            log.error("%s", done.failure)
-            raise UDFError(_error_summary(done.failure))
-        log.debug(
-            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
-        )
-
-    def _compute_handler(self, batch: HandlerMicroBatch) -> None:
-        from udf_agent.runtime.handler_task import HandlerFailed
-
-        assert self._handler is not None and self.spec is not None
-        started = time.monotonic()
-        self.stats.micro_batch_taken(started - batch.opened_at)
-        self._computing = batch.count
-        try:
-            outcome = self._handler.compute(batch, self.engines.engine_for(self.spec), self.stats)
-        except HandlerFailed as failed:
-            message, output = failed.args
-            if output:
-                self.writer.send(output)
-            log.error("%s", message)
-            raise UDFError(message) from None
-        finally:
-            self._computing = 0
-        self.stats.micro_batches += 1
-        self.stats.compute_seconds.observe(time.monotonic() - started)
-        self.stats.computed = self._handler.where
-        self.stats.points_out += outcome.written
-        if outcome.output:
-            self.writer.send(outcome.output)
-
-    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
-        """Runs one task table and keeps its groups' new history and state; False once a
-        failure ends the micro-batch (``done.failure``)."""
-        try:
-            results = engine.run(job, tasks, self.stats)
-        except Exception as exc:
-            if isinstance(exc, EngineStartError):
-                log.error("compute engine failed: %s", exc)
-            else:
-                log.exception("compute engine failed")
-            data = tasks.column("data").to_pylist()
-            points = sum(_points_in(tasks, grouped, data, range(len(data))))
-            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
-            if self.config.on_error == "fail":
-                raise UDFError(message) from exc
-            self._set_aside(job.spec.name, message, data, points)
-            done.set_aside = True
-            return True
-        if self._abandoned:
-            return False
-        keys, outputs, histories, states, errors, counts = (
-            results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
-        )
-        del results
-        bad = [i for i, error in enumerate(errors) if error is not None]
-        if bad and self.config.on_error != "fail":
-            # The failed groups are set aside; the others go on as if nothing happened.
-            data = tasks.column("data").to_pylist()
-            more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
-            points = sum(_points_in(tasks, grouped, data, bad))
-            self._set_aside(job.spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
-            outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
-            done.set_aside = True
-            bad = []
-        ended = bad[0] if bad else len(keys)
-        for key, history, state, error in zip(keys[:ended], histories, states, errors):
-            if error is None:  # a set-aside group keeps what it had
-                self.groups.keep(key, history, state)
-        done.outputs += outputs[:ended]
-        done.counts += counts[:ended]
-        if bad:
-            done.failure = errors[bad[0]]
-            return False
-        return True
-
-    def _set_aside(self, udf_name: str, summary: str, points: list[bytes], count: int, detail: str | None = None) -> None:
-        """``--on-error skip`` or ``dead-letter``: failed input is logged and counted (and written out)."""
-        self.stats.skipped += count
-        self.stats.last_error = summary
-        where = ""
-        if self.config.on_error == "dead-letter" and self.config.dead_letter_dir is not None:
-            from udf_agent.runtime.deadletter import write_dead_letter
-
-            try:
-                where = f"; written to {write_dead_letter(self.config.dead_letter_dir, udf_name, detail or summary, points)}"
-            except OSError as exc:
-                where = f"; the dead letter could not be written: {exc}"
-        log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self.stats.skipped, summary, where)
-
-    def _options_fingerprint(self) -> dict[str, Any] | None:
-        """The options snapshots are checked against; None before a successful Init
-        (Kapacitor may send Restore after a refused Init)."""
-        return self._options.raw() if self._options is not None else None
-
-    def _snapshot(self) -> None:
-        spec, session = self._loaded()
-        data = self.groups.snapshot(spec.name, self._options_fingerprint())
-        frame = session.guard.reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
-        if frame is not None:
-            self.writer.send(frame)
-
-    def _checkpoint(self, item: TakeCheckpoint) -> None:
-        """The task's state after everything before ``item``, to its relay, behind that input's output."""
-        assert self._checkpoints is not None
-        spec, _ = self._loaded()
-        started = time.monotonic()
-        if self._handler is not None:
-            data = self._handler.checkpoint(self.engines.engine_for(spec), self.stats)
-        else:
-            data = self.groups.snapshot(spec.name, self._options_fingerprint())
-        self.writer.send(self._checkpoints.checkpoint_message(item.input_bytes, item.init_frame, data))
-        took = time.monotonic() - started
-        self.stats.checkpointed(took, len(data))
-        self._checkpoint_interval = max(CHECKPOINT_INTERVAL, took / CHECKPOINT_TIME_SHARE)
-
-    def _restore(self, data: bytes) -> None:
-        from udf_agent.runtime.snapshot import SnapshotError
-
-        spec, session = self._loaded()
-        if self._handler is not None:  # a relay's checkpoint (a Handler's own restores go to it)
-            self._handler.adopt(data)
-            frame = session.guard.reply(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)))
-            if frame is not None:
-                self.writer.send(frame)
-            return
-        try:
-            restored = self.groups.restore(spec.name, data, self._options_fingerprint())
-        except SnapshotError as exc:
-            log.error("restore refused: %s", exc)
-            response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
-        else:
-            log.info("restored state of %d group(s)", restored)
-            response = udf_pb2.RestoreResponse(success=True)
-        frame = session.guard.reply(udf_pb2.Response(restore=response))
-        if frame is not None:
-            self.writer.send(frame)
-
-
-def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes], rows: Sequence[int]) -> list[int]:
-    """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
-    if grouped is not None:
-        first = tasks.column("seq")[0].as_py()  # a stream slice: its groups' counts are known
-        return [int(grouped.counts[first + row]) for row in rows]
-    ends = [prefixed_ends(data[row]) for row in rows]
-    return [0 if row_ends is None else len(row_ends) for row_ends in ends]
-
-
-
-def _error_summary(error: str) -> str:
-    """'UDF x failed on group g: ValueError: boom' from a full traceback."""
-    lines = [line for line in error.splitlines() if line.strip()]
-    return f"{lines[0]} {lines[-1]}" if len(lines) > 1 else error

@@ -11,7 +11,8 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from udf_agent.runtime.agent import Agent, AgentConfig
+from udf_agent.runtime.agent import Agent
+from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.logs import TaskLogRoutes
 from udf_agent.serve.relay_link import RelayedConnection
 from udf_agent.serve.shared import answer_line, read_line

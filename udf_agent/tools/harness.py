@@ -20,7 +20,7 @@ from udf_agent.wire.frames import FrameDecoder
 
 if TYPE_CHECKING:
     from udf_agent.api import UDFSpec
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines
 
 _READ_SIZE = 1 << 20

@@ -26,7 +26,7 @@ from udf_agent.tools.tickscript import check_call
 from udf_agent.wire.frames import encode_frame
 
 if TYPE_CHECKING:
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines
 
 # What a replay hands the agent: the user waits for every result, however long Spark takes.
@@ -229,7 +229,7 @@ def replay_points(
     ``options`` are checked against the UDF's InfoResponse as Kapacitor checks a
     TICKscript's call (ReplayError with Kapacitor's message), then sent in an InitRequest.
     """
-    from udf_agent.runtime.agent import AgentConfig
+    from udf_agent.runtime.config import AgentConfig
 
     if recorded_batches is not None and spec.wants != "batch":
         raise ReplayError(f"{spec.name} wants a stream: a batch recording (.brpl) is for batch UDFs; record the stream instead")

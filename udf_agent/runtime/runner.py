@@ -1,0 +1,314 @@
+"""The compute thread's side of a task: each micro-batch run on its engine, the groups' state
+kept, the output written in order; snapshots, restores and checkpoints of that state.
+
+It holds no lock: the agent's work queue hands it one item at a time, in the order the input
+came, and nothing else touches what it owns (the task's UDF job or Handler, its group store).
+The agent reads ``computing`` and sets ``abandoned``, each a single attribute.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from udf_agent import udf_pb2
+from udf_agent.api import UDFSpec
+from udf_agent.compute.engine import EngineStartError
+from udf_agent.errors import first_line
+from udf_agent.runtime.engines import Engines
+from udf_agent.runtime.groups import GroupStore
+from udf_agent.runtime.logs import TaskLabels
+from udf_agent.runtime.session import Compute, Restore, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.stats import TaskStats
+from udf_agent.runtime.writer import Writer
+from udf_agent.wire import hotpath
+from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
+from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
+from udf_agent.wire.guard import OutputGuard
+
+if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
+    import pyarrow as pa
+
+    from udf_agent.compute.contract import Job
+    from udf_agent.compute.engine import Engine
+    from udf_agent.options import OptionValues
+    from udf_agent.runtime.config import AgentConfig
+    from udf_agent.runtime.handler_task import HandlerTask
+
+log = logging.getLogger(__name__)
+
+# A relayed task is checkpointed (``TakeCheckpoint``) at most this often, and sooner once this
+# much input has come since the last one: what its relay keeps to replay after a failover.
+CHECKPOINT_INTERVAL = 5.0
+CHECKPOINT_INPUT_BYTES = 16 * 1024 * 1024
+# ... but a checkpoint that takes long (many groups) is taken no more than this share of the time.
+CHECKPOINT_TIME_SHARE = 0.02
+
+
+class CheckpointSink(Protocol):
+    """Where a relayed task's checkpoints go: its link to the relay, which carries the task
+    over to a new server if this one dies."""
+
+    def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
+
+
+class UDFError(RuntimeError):
+    """A UDF call or a compute job failed: the task cannot go on."""
+
+
+@dataclass
+class _Computed:
+    """What the slices of one micro-batch gave, in group order."""
+
+    outputs: list[bytes | None] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    failure: str | None = None  # the error of the first failed group, when it ends the task
+    set_aside: bool = False  # some groups' points were skipped (--on-error)
+
+
+class MicroBatchRunner:
+    """Runs a task's work items, one at a time, on the compute thread; UDFError when the
+    task cannot go on."""
+
+    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, guard: OutputGuard, labels: TaskLabels, checkpoints: CheckpointSink | None = None):
+        self.config = config
+        self.engines = engines
+        self.writer = writer
+        self.guard = guard
+        self.labels = labels
+        self.checkpoints = checkpoints
+        self.groups = GroupStore(config.max_groups)
+        self.stats = TaskStats()
+        self.spec: UDFSpec | None = None
+        self.options: OptionValues | None = None  # set by a successful Init, before any work
+        self.handler: HandlerTask | None = None  # a Kapacitor Handler script's task
+        self._job: Job | None = None
+        self.computing = 0  # points of the micro-batch being computed
+        self.abandoned = False  # the agent gave up waiting: drop the rest
+        self.checkpoint_interval = CHECKPOINT_INTERVAL
+
+    def adopt(self, spec: UDFSpec) -> None:
+        """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it)."""
+        self.spec = spec
+        if spec.handler is not None and self.handler is None:
+            from udf_agent.runtime.handler_task import HandlerTask
+
+            self.handler = HandlerTask(spec.handler)
+
+    def run(self, item: Compute | TakeSnapshot | Restore | TakeCheckpoint) -> None:
+        if isinstance(item, Compute):
+            if isinstance(item.batch, HandlerMicroBatch):
+                self._compute_handler(item.batch)
+            else:
+                self._compute(item.batch)
+        elif isinstance(item, TakeSnapshot):
+            self._snapshot()
+        elif isinstance(item, Restore):
+            self._restore(item.snapshot)
+        else:
+            self._checkpoint(item)
+
+    def end(self) -> None:
+        """The task is over: a Handler script's handler is let go."""
+        if self.handler is not None and self.spec is not None:
+            self.handler.end(self.engines.engine_for(self.spec))
+
+    def _loaded(self) -> UDFSpec:
+        assert self.spec is not None  # known before any work reaches the compute thread
+        return self.spec
+
+    def _compute(self, batch: StreamMicroBatch | BatchMicroBatch) -> None:
+        spec = self._loaded()
+        if self._job is None:
+            from udf_agent.compute.contract import Job
+
+            assert self.options is not None  # points are refused before a successful Init
+            self._job = Job(spec, self.options.raw(), self.labels.task_id, self.labels.node_id)
+        job = self._job
+        from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
+
+        grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
+        if grouped is not None:
+            task_tables = stream_task_slices(grouped, self.groups)
+        else:
+            assert isinstance(batch, BatchMicroBatch)
+            task_tables = batch_task_runs(batch, self.groups)
+        engine = self.engines.engine_for(spec, batch.count)
+        started = time.monotonic()
+        self.stats.micro_batch_taken(started - batch.opened_at)
+        self.computing = batch.count
+        done = _Computed()
+        try:
+            for tasks in task_tables:
+                if not self._compute_slice(job, engine, tasks, grouped, done) or self.abandoned:
+                    break
+        finally:
+            self.computing = 0
+        if self.abandoned:
+            return
+        self.groups.evict()
+        # In arrival order only when every group gave one frame per new point and none failed.
+        from udf_agent.runtime.output import output_pieces
+
+        self.stats.micro_batches += 1
+        self.stats.compute_seconds.observe(time.monotonic() - started)
+        self.stats.points_out += sum(done.counts)
+        self.stats.computed = engine.name
+        in_order_of = grouped if done.failure is None and not done.set_aside else None
+        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=hotpath.scanner_loaded()):
+            self.writer.send(piece)
+        if done.failure is not None:
+            log.error("%s", done.failure)
+            raise UDFError(_error_summary(done.failure))
+        log.debug(
+            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
+            batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
+        )
+
+    def _compute_handler(self, batch: HandlerMicroBatch) -> None:
+        from udf_agent.runtime.handler_task import HandlerFailed
+
+        assert self.handler is not None
+        spec = self._loaded()
+        started = time.monotonic()
+        self.stats.micro_batch_taken(started - batch.opened_at)
+        self.computing = batch.count
+        try:
+            outcome = self.handler.compute(batch, self.engines.engine_for(spec), self.stats)
+        except HandlerFailed as failed:
+            message, output = failed.args
+            if output:
+                self.writer.send(output)
+            log.error("%s", message)
+            raise UDFError(message) from None
+        finally:
+            self.computing = 0
+        self.stats.micro_batches += 1
+        self.stats.compute_seconds.observe(time.monotonic() - started)
+        self.stats.computed = self.handler.where
+        self.stats.points_out += outcome.written
+        if outcome.output:
+            self.writer.send(outcome.output)
+
+    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
+        """Runs one task table and keeps its groups' new history and state; False once a
+        failure ends the micro-batch (``done.failure``)."""
+        try:
+            results = engine.run(job, tasks, self.stats)
+        except Exception as exc:
+            if isinstance(exc, EngineStartError):
+                log.error("compute engine failed: %s", exc)
+            else:
+                log.exception("compute engine failed")
+            data = tasks.column("data").to_pylist()
+            points = sum(_points_in(tasks, grouped, data, range(len(data))))
+            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
+            if self.config.on_error == "fail":
+                raise UDFError(message) from exc
+            self._set_aside(job.spec.name, message, data, points)
+            done.set_aside = True
+            return True
+        if self.abandoned:
+            return False
+        keys, outputs, histories, states, errors, counts = (
+            results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
+        )
+        del results
+        bad = [i for i, error in enumerate(errors) if error is not None]
+        if bad and self.config.on_error != "fail":
+            # The failed groups are set aside; the others go on as if nothing happened.
+            data = tasks.column("data").to_pylist()
+            more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
+            points = sum(_points_in(tasks, grouped, data, bad))
+            self._set_aside(job.spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
+            outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
+            done.set_aside = True
+            bad = []
+        ended = bad[0] if bad else len(keys)
+        for key, history, state, error in zip(keys[:ended], histories, states, errors):
+            if error is None:  # a set-aside group keeps what it had
+                self.groups.keep(key, history, state)
+        done.outputs += outputs[:ended]
+        done.counts += counts[:ended]
+        if bad:
+            done.failure = errors[bad[0]]
+            return False
+        return True
+
+    def _set_aside(self, udf_name: str, summary: str, points: list[bytes], count: int, detail: str | None = None) -> None:
+        """``--on-error skip`` or ``dead-letter``: failed input is logged and counted (and written out)."""
+        self.stats.skipped += count
+        self.stats.last_error = summary
+        where = ""
+        if self.config.on_error == "dead-letter" and self.config.dead_letter_dir is not None:
+            from udf_agent.runtime.deadletter import write_dead_letter
+
+            try:
+                where = f"; written to {write_dead_letter(self.config.dead_letter_dir, udf_name, detail or summary, points)}"
+            except OSError as exc:
+                where = f"; the dead letter could not be written: {exc}"
+        log.error("UDF failure set aside (--on-error %s): %d point(s), %d so far: %s%s", self.config.on_error, count, self.stats.skipped, summary, where)
+
+    def _options_fingerprint(self) -> dict[str, Any] | None:
+        """The options snapshots are checked against; None before a successful Init
+        (Kapacitor may send Restore after a refused Init)."""
+        return self.options.raw() if self.options is not None else None
+
+    def _reply(self, response: udf_pb2.Response) -> None:
+        frame = self.guard.reply(response)
+        if frame is not None:
+            self.writer.send(frame)
+
+    def _snapshot(self) -> None:
+        data = self.groups.snapshot(self._loaded().name, self._options_fingerprint())
+        self._reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
+
+    def _checkpoint(self, item: TakeCheckpoint) -> None:
+        """The task's state after everything before ``item``, to its relay, behind that input's output."""
+        assert self.checkpoints is not None
+        spec = self._loaded()
+        started = time.monotonic()
+        if self.handler is not None:
+            data = self.handler.checkpoint(self.engines.engine_for(spec), self.stats)
+        else:
+            data = self.groups.snapshot(spec.name, self._options_fingerprint())
+        self.writer.send(self.checkpoints.checkpoint_message(item.input_bytes, item.init_frame, data))
+        took = time.monotonic() - started
+        self.stats.checkpointed(took, len(data))
+        self.checkpoint_interval = max(CHECKPOINT_INTERVAL, took / CHECKPOINT_TIME_SHARE)
+
+    def _restore(self, data: bytes) -> None:
+        from udf_agent.runtime.snapshot import SnapshotError
+
+        spec = self._loaded()
+        if self.handler is not None:  # a relay's checkpoint (a Handler's own restores go to it)
+            self.handler.adopt(data)
+            self._reply(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)))
+            return
+        try:
+            restored = self.groups.restore(spec.name, data, self._options_fingerprint())
+        except SnapshotError as exc:
+            log.error("restore refused: %s", exc)
+            response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
+        else:
+            log.info("restored state of %d group(s)", restored)
+            response = udf_pb2.RestoreResponse(success=True)
+        self._reply(udf_pb2.Response(restore=response))
+
+
+def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes], rows: Sequence[int]) -> list[int]:
+    """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
+    if grouped is not None:
+        first = tasks.column("seq")[0].as_py()  # a stream slice: its groups' counts are known
+        return [int(grouped.counts[first + row]) for row in rows]
+    ends = [prefixed_ends(data[row]) for row in rows]
+    return [0 if row_ends is None else len(row_ends) for row_ends in ends]
+
+
+def _error_summary(error: str) -> str:
+    """'UDF x failed on group g: ValueError: boom' from a full traceback."""
+    lines = [line for line in error.splitlines() if line.strip()]
+    return f"{lines[0]} {lines[-1]}" if len(lines) > 1 else error
