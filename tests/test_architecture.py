@@ -10,30 +10,27 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("udf_agent", "spark_backend")
 
-# (prefix, floor): the longest matching prefix decides.
-FLOORS = {
-    "udf_agent.udf_pb2": 0,
-    "udf_agent.errors": 0,
-    "udf_agent.wire": 0,
-    "udf_agent.options": 1,
-    "udf_agent.api": 1,
-    "udf_agent": 1,  # the package itself re-exports the public API
-    "udf_agent.compute": 2,
-    "udf_agent.library": 2,
-    "udf_agent.targets": 2,
-    "udf_agent.runtime": 3,
-    "spark_backend": 3,
-    "udf_agent.serve": 4,
-    "udf_agent.tools": 5,
-    "udf_agent.testing": 5,
-    "udf_agent.cli": 5,
-    "udf_agent.entry": 5,
-    "udf_agent.__main__": 5,
-}
+
+def _floors_from_the_docs() -> dict[str, tuple[int, bool]]:
+    """module or package: (floor, whether a package, whose modules share its floor), from the
+    table of floors in docs/architecture.md, the one place they are written: each backticked
+    path in a row's second cell (``pkg/`` a package, ``pkg/mod.py`` a module) is on its floor."""
+    floors = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        row = re.match(r"\| (\d) \| (.*?) \|", line)
+        if row:
+            for path in re.findall(r"`([^`]+)`", row.group(2)):
+                module = path.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                floors[module] = (int(row.group(1)), path.endswith("/"))
+    return floors
+
+
+FLOORS = _floors_from_the_docs()
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -51,8 +48,10 @@ MODULES = _modules()
 
 
 def _floor(module: str) -> int:
-    prefix = max((p for p in FLOORS if module == p or module.startswith(p + ".")), key=len)
-    return FLOORS[prefix]
+    """The floor of ``module``, or of the innermost package of the table that holds it."""
+    holders = [name for name, (_, package) in FLOORS.items() if module == name or (package and module.startswith(name + "."))]
+    assert holders, f"{module} is on no floor: add it to the table in docs/architecture.md"
+    return FLOORS[max(holders, key=len)][0]
 
 
 def _imports(module: str, path: pathlib.Path) -> list[tuple[str, str, int]]:
@@ -61,6 +60,12 @@ def _imports(module: str, path: pathlib.Path) -> list[tuple[str, str, int]]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(alias.name, "", node.lineno) for alias in node.names if alias.name.split(".")[0] in PACKAGES]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:  # relative: from the module's own package up
+            package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+            base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.append((submodule, "", node.lineno) if submodule in MODULES else (base, alias.name, node.lineno))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in PACKAGES:
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
@@ -72,7 +77,9 @@ def _imports(module: str, path: pathlib.Path) -> list[tuple[str, str, int]]:
 GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
 
 
-def test_the_graph_was_read():
+def test_the_graph_and_the_floors_were_read():
+    assert (_floor("udf_agent.wire.frames"), _floor("udf_agent"), _floor("udf_agent.cli.tasks"), _floor("spark_backend.engine")) == (0, 1, 5, 3)
+    assert all(_floor(module) >= 0 for module in MODULES)  # each module on a floor of the table
     assert len(MODULES) > 40 and "udf_agent.runtime.agent" in MODULES
     assert any(target == "udf_agent.runtime.session" for target, _, _ in GRAPH["udf_agent.runtime.agent"])
 
