@@ -255,7 +255,7 @@ def test_gather_reaches_the_agent_and_its_session():
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import Engines, split_engine_options
-    from udf_agent.runtime.session import GATHER
+    from udf_agent.runtime.flushing import GATHER
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
@@ -264,7 +264,7 @@ def test_gather_reaches_the_agent_and_its_session():
     ours, theirs = socket.socketpair()
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(agent_options))
-        assert agent.session.gather == pytest.approx(0.02) != GATHER
+        assert agent.flush_policy.gather == pytest.approx(0.02) != GATHER
 
 
 @pytest.mark.parametrize("command", ["run", "serve", "replay"])

@@ -264,7 +264,7 @@ def test_a_scripts_session_sends_every_request_to_its_handler_in_order_cut_anywh
         encode_frame(udf_pb2.Request(keepalive=udf_pb2.KeepaliveRequest(time=5))), b""
     )
     for cut in [None, *range(1, len(stream))]:
-        session = Session(spec, max_batch_points=1000, flush_interval=1.0)
+        session = Session(spec, max_batch_points=1000)
         events = []
         for piece in ([stream] if cut is None else [stream[:cut], stream[cut:]]):
             session.receive_data(piece)

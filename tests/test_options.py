@@ -115,7 +115,7 @@ def test_the_info_and_init_path_imports_nothing_heavy():
         "from udf_agent.runtime.session import Session\n"
         "from udf_agent.targets import resolve_target\n"
         "from udf_agent.options import Option, Duration, parse_options\n"
-        "session = Session(resolve_target('moving_avg'), max_batch_points=10, flush_interval=1.0)\n"
+        "session = Session(resolve_target('moving_avg'), max_batch_points=10)\n"
         "session.receive(udf_pb2.Request(info=udf_pb2.InfoRequest()), 0.0)\n"
         "v = udf_pb2.OptionValue(type=udf_pb2.DURATION, durationValue=5)\n"
         "o = parse_options([Option('d', Duration), Option('n', int, default=1)],"

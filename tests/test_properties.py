@@ -117,7 +117,7 @@ def sessions_input(draw: st.DrawFn) -> tuple[object, list[udf_pb2.Request]]:
 @given(sessions_input(), st.integers(1, 5))
 def test_the_session_never_raises_and_every_frame_it_emits_parses(case: tuple[object, list[udf_pb2.Request]], max_batch: int) -> None:
     spec, stream = case
-    session = Session(spec, max_batch_points=max_batch, flush_interval=0.5)  # type: ignore[arg-type]
+    session = Session(spec, max_batch_points=max_batch)  # type: ignore[arg-type]
     events = []
     failed_at = None
     for index, request in enumerate(stream):

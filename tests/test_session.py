@@ -17,6 +17,7 @@ import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
+from udf_agent.runtime.flushing import FLOWING_POINTS, FlushPolicy
 from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started
 from udf_agent.targets import FUNCTION_TARGETS
 from udf_agent.testing import grouped_point, option
@@ -32,8 +33,8 @@ MOVING_AVG_OPTIONS = (option("field", "value"), option("size", 10), option("as",
 OUTLIERS_OPTIONS = (option("field", "value"), option("scale", 1.5))
 
 
-def session(spec: Any = moving_avg, *, max_batch_points: int = 1000, flush_interval: float = 0.5, **kwargs: Any) -> Session:
-    return Session(spec, max_batch_points=max_batch_points, flush_interval=flush_interval, **kwargs)
+def session(spec: Any = moving_avg, *, max_batch_points: int = 1000, **kwargs: Any) -> Session:
+    return Session(spec, max_batch_points=max_batch_points, **kwargs)
 
 
 def info() -> udf_pb2.Request:
@@ -142,7 +143,7 @@ def test_info_between_data_does_not_close_the_micro_batch():
     events = drive(s, [point(1), point(2), info(), point(3)], now=1.0)
     assert len(events) == 1
     reply_of(events[0], "info")
-    assert s.deadline() == pytest.approx(1.5)
+    assert s.open_micro_batch() == (1.0, 3)
     (computed,) = s.finish()
     assert computed.batch.count == 3
 
@@ -346,64 +347,63 @@ def test_after_a_fail_the_session_ignores_further_input():
     s = started()
     only_fail(drive(s, [udf_pb2.Request()]))
     assert drive(s, [point(1), info(), init(*MOVING_AVG_OPTIONS), udf_pb2.Request()]) == []
-    assert s.deadline() is None and s.finish() == []
+    assert s.open_micro_batch() is None and s.finish() == []
 
 
 # ---- micro-batches ----
 
 
-def test_deadline_is_none_with_nothing_pending():
+def test_nothing_is_open_before_a_point():
     s = started()
-    assert s.deadline() is None
-    assert s.flush_due(1e12) == []
+    assert s.open_micro_batch() is None
+    assert s.flush() == []
     assert s.finish() == []
 
 
 def test_micro_batch_closes_at_max_batch_points():
-    s = started(max_batch_points=3, flush_interval=100.0)
+    s = started(max_batch_points=3)
     assert drive(s, [point(1), point(2)]) == []
     events = drive(s, [point(3)])
     assert kinds(events) == ["Compute"]
     assert events[0].batch.count == 3
-    assert s.deadline() is None
+    assert s.open_micro_batch() is None
     # The next point opens a new micro-batch.
     assert drive(s, [point(4), point(5)], now=7.0) == []
-    assert s.deadline() == pytest.approx(107.0)
+    assert s.open_micro_batch() == (7.0, 2)
     assert kinds(drive(s, [point(6)])) == ["Compute"]
 
 
-def test_micro_batch_closes_through_flush_due_only_once_its_deadline_passed():
-    s = started(flush_interval=0.5)
+def test_a_micro_batch_is_as_old_as_its_first_point_and_closes_when_flushed():
+    s = started()
     drive(s, [point(1)], now=10.0)
-    drive(s, [point(2)], now=10.3)  # later points do not move the deadline
-    assert s.deadline() == pytest.approx(10.5)
-    assert s.flush_due(10.0) == []
-    assert s.flush_due(10.49) == []
-    events = s.flush_due(10.5)
+    drive(s, [point(2)], now=10.3)  # later points do not make it younger
+    assert s.open_micro_batch() == (10.0, 2)
+    assert FlushPolicy(flush_interval=0.5, adaptive=False).due(*s.open_micro_batch(), 10.3) == pytest.approx(10.5)
+    events = s.flush()
     assert kinds(events) == ["Compute"]
     assert events[0].batch.count == 2
     assert events[0].batch.opened_at == 10.0
-    assert s.deadline() is None
-    assert s.flush_due(11.0) == []
+    assert s.open_micro_batch() is None
+    assert s.flush() == []
 
 
 def test_an_idle_compute_side_takes_a_trickle_at_once_and_lets_a_flow_gather():
-    from udf_agent.runtime.session import FLOWING_POINTS
-
-    s = started(flush_interval=0.5, gather=0.1)
-    assert s.ready_at(10.0) is None  # nothing open
+    policy = FlushPolicy(flush_interval=0.5, gather=0.1)
+    s = started()
     drive(s, [point(1)], now=10.0)
-    assert s.ready_at(10.0) == 10.0  # one point: at once, however fast it came
+    assert policy.due(*s.open_micro_batch(), 10.0) == 10.0  # one point: at once, however fast it came
     drive(s, [point(t) for t in range(2, 2 + FLOWING_POINTS)], now=10.0002)
-    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 0.1 s old.
-    assert s.ready_at(10.0002) == pytest.approx(10.1)
-    assert s.deadline() == pytest.approx(10.5)  # the flush interval still bounds it
+    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 0.1 s old...
+    assert policy.due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.1)
+    # ... or its flush interval, if shorter; without the adaptive flush, the flush interval.
+    assert FlushPolicy(flush_interval=0.05, gather=0.1).due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.05)
+    assert FlushPolicy(flush_interval=0.5, adaptive=False).due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.5)
     (computed,) = s.flush()
     assert computed.batch.count == 1 + FLOWING_POINTS
     # The same nine points over 10 ms (900 points/s) are no flow: at once.
     for t in range(9):
         drive(s, [point(100 + t)], now=20.0 + t * 0.00125)
-    assert s.ready_at(20.01) == 20.01
+    assert policy.due(*s.open_micro_batch(), 20.01) == 20.01
 
 
 def column(points: bytes, name: str) -> list:
@@ -428,7 +428,7 @@ def test_snapshot_request_closes_the_pending_micro_batch_first():
     events = drive(s, [snapshot()])
     assert kinds(events) == ["Compute", "TakeSnapshot"]
     assert events[0].batch.count == 2
-    assert s.deadline() is None
+    assert s.open_micro_batch() is None
 
 
 def test_snapshot_request_with_nothing_pending_is_only_take_snapshot():
@@ -470,7 +470,7 @@ def test_finish_with_only_an_unclosed_batch_computes_nothing():
 
 
 def test_batch_udf_groups_complete_batches_into_one_micro_batch():
-    s = started(outliers, OUTLIERS_OPTIONS, flush_interval=1.0)
+    s = started(outliers, OUTLIERS_OPTIONS)
     events = drive(
         s,
         [
@@ -485,8 +485,8 @@ def test_batch_udf_groups_complete_batches_into_one_micro_batch():
         now=5.0,
     )
     assert events == []
-    assert s.deadline() == pytest.approx(6.0)
-    (computed,) = s.flush_due(6.0)
+    assert s.open_micro_batch() == (5.0, 3)
+    (computed,) = s.flush()
     batch = computed.batch
     assert isinstance(batch, BatchMicroBatch)
     assert batch.count == 3
@@ -498,7 +498,7 @@ def test_batch_udf_groups_complete_batches_into_one_micro_batch():
 
 
 def test_batch_micro_batch_closes_at_max_batch_points_counting_rows():
-    s = started(outliers, OUTLIERS_OPTIONS, max_batch_points=3, flush_interval=100.0)
+    s = started(outliers, OUTLIERS_OPTIONS, max_batch_points=3)
     events = drive(s, [begin("g1"), point(1, batch=True), point(2, batch=True), end("g1", tmax=2)])
     assert events == []
     events = drive(s, [begin("g2"), point(3, batch=True), end("g2", tmax=3)])
@@ -506,12 +506,12 @@ def test_batch_micro_batch_closes_at_max_batch_points_counting_rows():
     assert [b.group for b in events[0].batch.batches] == ["g1", "g2"]
 
 
-def test_batch_micro_batch_deadline_starts_at_the_first_end_batch():
-    s = started(outliers, OUTLIERS_OPTIONS, flush_interval=1.0)
+def test_a_batch_micro_batch_opens_at_the_first_end_batch():
+    s = started(outliers, OUTLIERS_OPTIONS)
     drive(s, [begin("g1"), point(1, batch=True)], now=0.0)
-    assert s.deadline() is None  # an open Kapacitor batch is not pending work yet
+    assert s.open_micro_batch() is None  # an open Kapacitor batch is not pending work yet
     drive(s, [end("g1", tmax=1)], now=4.0)
-    assert s.deadline() == pytest.approx(5.0)
+    assert s.open_micro_batch() == (4.0, 1)
 
 
 def test_snapshot_inside_an_open_batch_keeps_the_batch_open():
@@ -630,7 +630,7 @@ def test_init_reply_matches_the_golden_frame():
 
 
 def test_outliers_refuses_a_scale_below_one():
-    s = Session(outliers, max_batch_points=10, flush_interval=1.0)
+    s = Session(outliers, max_batch_points=10)
     events = drive(s, [udf_pb2.Request(init=udf_pb2.InitRequest(options=[option("field", "v"), option("scale", 0.5)]))])
     (reply,) = [e for e in events if isinstance(e, Send)]
     init = FrameDecoder(udf_pb2.Response).feed(reply.frame)[0].init
@@ -800,7 +800,7 @@ def test_the_compiled_splitter_keeps_counting_frames_for_error_messages():
 
 
 def test_before_the_udf_is_known_keepalives_are_answered_and_everything_else_waits():
-    s = Session(None, max_batch_points=10, flush_interval=1.0)
+    s = Session(None, max_batch_points=10)
     events = _feed(s, [_wire(info(), keepalive(42), init(*MOVING_AVG_OPTIONS), keepalive(43))], eof=False)
     assert [(type(e), decode(e.frame).keepalive.time, e.urgent) for e in events] == [(Send, 42, True), (Send, 43, True)]
     with pytest.raises(RuntimeError, match="not known yet"):
@@ -811,7 +811,7 @@ def test_before_the_udf_is_known_keepalives_are_answered_and_everything_else_wai
 
 
 def test_a_framing_error_before_the_udf_is_known_fails_the_session_once_it_is():
-    s = Session(None, max_batch_points=10, flush_interval=1.0)
+    s = Session(None, max_batch_points=10)
     assert _feed(s, [_wire(info()) + b"\x80" * 11], eof=False) == []
     assert s.input_broken and not s.failed
     events = s.adopt(moving_avg, 0.0)

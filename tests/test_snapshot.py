@@ -421,7 +421,6 @@ def _slow_flush(session, delay=0.3):
 
         return flush
 
-    session.flush_due = slowed(session.flush_due)
     session.flush = slowed(session.flush)
     return calls
 

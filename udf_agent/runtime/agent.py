@@ -20,6 +20,7 @@ from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
+from udf_agent.runtime.flushing import FlushPolicy
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink, MicroBatchRunner, UDFError
@@ -74,9 +75,9 @@ class Agent:
         self.spec: UDFSpec | None = None
         # Until the spec is known, the session answers keepalives and keeps the rest.
         self.session = Session(
-            None, max_batch_points=self.config.max_batch_points, flush_interval=self.config.flush_interval, max_frame_size=self.config.max_frame_size,
-            gather=self.config.gather, allow_modules=self.config.allow_modules,
+            None, max_batch_points=self.config.max_batch_points, max_frame_size=self.config.max_frame_size, allow_modules=self.config.allow_modules,
         )
+        self.flush_policy = FlushPolicy(self.config.flush_interval, self.config.gather, self.config.adaptive_flush)
         # Guards the session's protocol state and the work queue: one order for everything computed.
         self._cond = threading.Condition()
         self._work: deque[Work] = deque()
@@ -282,13 +283,8 @@ class Agent:
 
     def _micro_batch_due(self, now: float) -> float | None:
         """When the compute thread, idle, takes the open micro-batch (caller holds ``_cond``)."""
-        session = self.session
-        deadline = session.deadline()
-        if deadline is not None and self.config.adaptive_flush:
-            ready_at = session.ready_at(now)
-            assert ready_at is not None  # a micro-batch is open
-            deadline = min(deadline, ready_at)
-        return deadline
+        opened = self.session.open_micro_batch()
+        return None if opened is None else self.flush_policy.due(*opened, now)
 
     def status(self) -> dict[str, Any]:
         """The task as ``udf-agent status`` shows it."""
@@ -301,9 +297,9 @@ class Agent:
         """Whether this task's input waits for compute longer than it may gather (``TaskStats``)."""
         with self._cond:
             opened = [item.batch.opened_at for item in self._work if isinstance(item, Compute)]
-            pending = self.session.pending_batch_opened_at()
+            pending = self.session.open_micro_batch()
         if pending is not None:
-            opened.append(pending)
+            opened.append(pending[0])
         return self.stats.falling_behind(time.monotonic(), min(opened, default=None), self.config.flush_interval)
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from udf_agent.runtime.session import GATHER
+from udf_agent.runtime.flushing import GATHER
 from udf_agent.wire.frames import DEFAULT_MAX_FRAME_SIZE
 
 

@@ -45,15 +45,6 @@ log = logging.getLogger(__name__)
 
 _EDGE = {"stream": udf_pb2.STREAM, "batch": udf_pb2.BATCH}
 
-# Adaptive flush (``Session.ready_at``): an open micro-batch of at least FLOWING_POINTS points
-# that arrived at FLOWING_RATE points/s or faster is left to gather (``gather``, --gather). At a
-# trickle (1 k points/s: a point at a time) the compute side still takes each point at once.
-FLOWING_POINTS = 8
-FLOWING_RATE = 10_000.0
-# What a micro-batch costs is mostly per group in it: under Kapacitor's feed of 1,000 series,
-# gathering 50 ms took 8 us of CPU a point and 150 ms 5 us (the official agent: 14).
-GATHER = 0.15
-
 
 @dataclass(frozen=True)
 class Send:
@@ -137,9 +128,7 @@ class Session:
         spec: UDFSpec | None,
         *,
         max_batch_points: int,
-        flush_interval: float,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        gather: float = GATHER,
         allow_modules: tuple[str, ...] = (),
     ):
         self._spec = spec
@@ -147,8 +136,6 @@ class Session:
         self.guard = OutputGuard()
         self.options: OptionValues | None = None
         self.max_batch_points = max_batch_points
-        self.flush_interval = flush_interval
-        self.gather = gather
         self.failed = False
         self._pending: StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch | None = None
         self._open_batch: KapacitorBatch | None = None
@@ -343,34 +330,13 @@ class Session:
             return []
         return [*self._close_pending(), TakeCheckpoint(self._bytes_acted_on, self._init_frame)]
 
-    def pending_batch_opened_at(self) -> float | None:
-        """When the open micro-batch got its first point (None: none is open)."""
-        return None if self._pending is None else self._pending.opened_at
-
-    def deadline(self) -> float | None:
-        """When the open micro-batch must be computed, at the latest."""
-        return None if self._pending is None else self._pending.opened_at + self.flush_interval
-
-    def ready_at(self, now: float) -> float | None:
-        """When an idle compute side should take the open micro-batch (adaptive flush): at
-        once, unless points are flowing in fast, then once the micro-batch is ``gather``
-        old. Under Kapacitor's feed the compute side, idle the moment it finishes, would
-        otherwise take a handful of points at a time and pay a worker round trip for each."""
-        pending = self._pending
-        if pending is None:
-            return None
-        age = now - pending.opened_at
-        flowing = pending.count >= FLOWING_POINTS and pending.count >= FLOWING_RATE * max(age, 1e-6)
-        return pending.opened_at + self.gather if flowing else now
-
-    def flush_due(self, now: float) -> list[Event]:
-        deadline = self.deadline()
-        if deadline is not None and now >= deadline:
-            return self._close_pending()
-        return []
+    def open_micro_batch(self) -> tuple[float, int] | None:
+        """When the open micro-batch got its first point, and its points (None: none is open);
+        when it goes to compute is ``flushing.FlushPolicy``'s to say."""
+        return None if self._pending is None else (self._pending.opened_at, self._pending.count)
 
     def flush(self) -> list[Event]:
-        """The open micro-batch goes to compute now (the compute side is idle)."""
+        """The open micro-batch goes to compute now."""
         return self._close_pending()
 
     def finish(self) -> list[Event]:
