@@ -526,3 +526,18 @@ def test_option_values_do_not_alias_the_input_dict():
     values = OptionValues(source)
     source["a"] = 2
     assert values.a == 1
+
+
+def test_binding_a_udf_parses_its_options_and_says_why_it_cannot_start():
+    from udf_agent.api import BindError
+    from udf_agent.library.builtins import BUILTINS
+
+    def opt(name: str, value: int | str) -> udf_pb2.Option:
+        typed = udf_pb2.OptionValue(type=udf_pb2.INT, intValue=value) if isinstance(value, int) else udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue=value)
+        return udf_pb2.Option(name=name, values=[typed])
+
+    moving_avg = BUILTINS["moving_avg"]
+    spec, options = moving_avg.bind([opt("field", "v"), opt("size", 3)])
+    assert spec is moving_avg and options["size"] == 3
+    with pytest.raises(BindError, match="^invalid options for UDF 'moving_avg': .*size"):
+        moving_avg.bind([opt("field", "v"), opt("size", "three")])

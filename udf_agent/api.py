@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from udf_agent.errors import first_line
-from udf_agent.options import Option, OptionValues, timedelta_ns
+from udf_agent.options import Option, OptionsError, OptionValues, parse_options, timedelta_ns
 
 if TYPE_CHECKING:  # the Info path imports this module: pandas and numpy load with the first micro-batch
     import numpy as np
@@ -50,6 +50,10 @@ class HandlerScript:
     @property
     def name(self) -> str:
         return self.path.rsplit("/", 1)[-1]
+
+
+class BindError(Exception):
+    """A UDF cannot start with the options of an InitRequest; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,24 @@ class UDFSpec:
             raise ValueError(f"UDF {self.name!r}: passthrough is for stream-to-stream UDFs without history")
         if self.vectorized and (self.wants, self.provides) != ("stream", "stream"):
             raise ValueError(f"UDF {self.name!r}: vectorized is for stream-to-stream UDFs")
+
+    def bind(self, given: Sequence[udf_pb2.Option], allow_modules: Sequence[str] = ()) -> tuple[UDFSpec, OptionValues]:
+        """At Init: the UDF the task runs (a ``resolve`` target's, else this one) and Kapacitor's
+        options ``given`` parsed and checked for it; BindError saying why it cannot start."""
+        spec = self
+        try:
+            if spec.resolve is not None:  # stream_fn, batch_fn: the task runs the UDF they name
+                spec, given = spec.resolve(given, allow_modules)
+            options = parse_options(spec.options, given)
+            problem = spec.check_options(options) if spec.check_options is not None else None
+            if problem:
+                raise OptionsError([problem])
+            spec.history_window(options)
+        except OptionsError as exc:
+            raise BindError(f"invalid options for UDF {spec.name!r}: {exc}") from exc
+        except Exception as exc:
+            raise BindError(f"UDF {spec.name!r} cannot start with these options: {exc}") from exc
+        return spec, options
 
     def history_window(self, options: OptionValues) -> dict[str, int] | None:
         """The per-group history to keep: {"rows": n} or {"ns": duration}, or None."""

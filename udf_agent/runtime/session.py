@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
-from udf_agent.api import UDFSpec
-from udf_agent.options import OptionsError, OptionValues, option_info, parse_options
+from udf_agent.api import BindError, UDFSpec
+from udf_agent.options import OptionValues, option_info, parse_options
 from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, KapacitorBatch, StreamMicroBatch
 from udf_agent.wire.frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -362,20 +362,10 @@ class Session:
     def _init(self, init: udf_pb2.InitRequest) -> list[Event]:
         if self.options is not None:
             return self.fail("received a second InitRequest after a successful one")
-        spec = self.spec
         try:
-            given = list(init.options)
-            if spec.resolve is not None:  # stream_fn, batch_fn: the task runs the UDF they name
-                spec, given = spec.resolve(given, self.allow_modules)
-            options = parse_options(spec.options, given)
-            problem = spec.check_options(options) if spec.check_options is not None else None
-            if problem:
-                raise OptionsError([problem])
-            spec.history_window(options)
-        except OptionsError as exc:
-            return self._init_failed(f"invalid options for UDF {spec.name!r}: {exc}")
-        except Exception as exc:
-            return self._init_failed(f"UDF {spec.name!r} cannot start with these options: {exc}")
+            spec, options = self.spec.bind(list(init.options), self.allow_modules)
+        except BindError as exc:
+            return self._init_failed(str(exc))
         self._spec = spec
         self.options = options
         self._init_frame = encode_frame(udf_pb2.Request(init=init))
