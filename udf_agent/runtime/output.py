@@ -9,9 +9,10 @@ import numpy as np
 from udf_agent.runtime.writer import WRITE_CHUNK
 from udf_agent.wire.batches import in_arrival_order
 from udf_agent.wire.grouped import GroupedPoints
+from udf_agent.wire.hotpath import WireKernels
 
 
-def output_pieces(outputs: list[bytes | None], counts: list[int], grouped: GroupedPoints | None, *, compiled: bool) -> Iterator[bytes]:
+def output_pieces(outputs: list[bytes | None], counts: list[int], grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
     """Each group's output frames (``outputs``, ``counts`` frames each, in group order), in input
     arrival order across groups when every group gave one frame per new point (1:1 UDFs, as a
     per-point agent would) and ``grouped`` says how the input arrived, else group after group.
@@ -21,7 +22,7 @@ def output_pieces(outputs: list[bytes | None], counts: list[int], grouped: Group
         return
     ends = np.cumsum([len(output) for output in outputs if output])
     if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
-        arranged = in_arrival_order(data, grouped.arrival, compiled=compiled)
+        arranged = in_arrival_order(data, grouped.arrival, kernels)
         if arranged is not None:
             data, ends = arranged
     start, piece = 0, WRITE_CHUNK // 2

@@ -130,7 +130,8 @@ class MicroBatchRunner:
         job = self._job
         from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
 
-        grouped = batch.grouped() if isinstance(batch, StreamMicroBatch) else None
+        kernels = hotpath.kernels()
+        grouped = batch.grouped(kernels) if isinstance(batch, StreamMicroBatch) else None
         if grouped is not None:
             task_tables = stream_task_slices(grouped, self.groups)
         else:
@@ -158,7 +159,7 @@ class MicroBatchRunner:
         self.stats.points_out += sum(done.counts)
         self.stats.computed = engine.name
         in_order_of = grouped if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.outputs, done.counts, in_order_of, compiled=hotpath.scanner_loaded()):
+        for piece in output_pieces(done.outputs, done.counts, in_order_of, kernels):
             self.writer.send(piece)
         if done.failure is not None:
             log.error("%s", done.failure)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from udf_agent.wire.frames import encode_varint
-from udf_agent.wire.grouped import GroupedPoints, group_points_by_key, prefixed_ends
+from udf_agent.wire.grouped import GroupedPoints
+from udf_agent.wire.hotpath import REFERENCE, WireKernels
 
 
 class GroupRows:
@@ -46,13 +47,11 @@ class StreamMicroBatch:
         self.opened_at = opened_at
         self.count = 0
         self._runs: list[tuple[bytes, Any, Any]] = []
-        self._compiled = True  # every run came from the compiled scanner
 
     def append(self, group: str, point: bytes) -> None:
         """One point from the reference path: a run of one, its group bytes after it."""
         import numpy as np
 
-        self._compiled = False
         framed = encode_varint(len(point)) + point
         key = group.encode()
         self.append_run(framed + key, np.array([[0, len(framed)]]), np.array([[len(framed), len(framed) + len(key)]]))
@@ -62,9 +61,9 @@ class StreamMicroBatch:
         self._runs.append((frames, points, groups))
         self.count += len(points)
 
-    def grouped(self) -> GroupedPoints:
+    def grouped(self, kernels: WireKernels = REFERENCE) -> GroupedPoints:
         """The points by group, groups in order of first arrival (group bytes were
-        checked to be UTF-8 when they arrived)."""
+        checked to be UTF-8 when they arrived), grouped by ``kernels``."""
         import numpy as np
 
         if not self._runs:
@@ -76,36 +75,23 @@ class StreamMicroBatch:
             frames = b"".join(run[0] for run in self._runs)
             points = np.concatenate([run[1] + shift for run, shift in zip(self._runs, shifts)])
             groups = np.concatenate([np.where(run[2] >= 0, run[2] + shift, -1) for run, shift in zip(self._runs, shifts)])
-        if self._compiled:
-            from udf_agent.wire.scanner import group_points
-        else:  # the compiled code may not have loaded
-            group_points = group_points_by_key
-        return group_points(frames, points, groups)
+        return kernels.group_points(frames, points, groups)
 
 
-def in_arrival_order(output: bytes, arrival: Any, compiled: bool) -> tuple[bytes, Any] | None:
+def in_arrival_order(output: bytes, arrival: Any, kernels: WireKernels = REFERENCE) -> tuple[bytes, Any] | None:
     """Output frames, one per point in grouped order (``GroupedPoints.arrival``), put back in
     the order the points arrived, with where each frame ends; None unless ``output`` holds
     exactly one whole frame per point."""
     import numpy as np
 
-    if compiled:
-        from udf_agent.wire.kernels import gather
-        from udf_agent.wire.scanner import frame_ends
-
-        ends = frame_ends(output)
-    else:
-        ends = prefixed_ends(output)
+    ends = kernels.frame_ends(output)
     if ends is None or len(ends) != len(arrival):
         return None
     back = np.empty_like(arrival)
     back[arrival] = np.arange(len(arrival))
     starts = np.concatenate(([0], ends[:-1]))
-    if compiled:
-        data, offsets = gather(np.frombuffer(output, dtype=np.uint8), np.stack([starts, ends], axis=1)[back])
-        return data.tobytes(), offsets[1:]
-    pieces = [output[starts[i] : ends[i]] for i in back.tolist()]
-    return b"".join(pieces), np.cumsum([len(piece) for piece in pieces])
+    lengths = (ends - starts)[back]
+    return kernels.reordered(output, np.stack([starts, ends], axis=1)[back]), np.cumsum(lengths)
 
 
 class KapacitorBatch:

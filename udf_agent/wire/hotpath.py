@@ -2,25 +2,75 @@
 
 The compiled frame scanner and point codec (numba, compiled once per machine into its cache)
 load off the Info path. Until the scanner has loaded, or where it cannot, the reference
-``frames.FrameSplitter`` cuts frames, slower. The point codec has no such twin in production
+``frames.FrameSplitter`` cuts frames and ``WireKernels`` groups points and reorders output,
+slower; once it has, ``kernels()`` is their compiled twin, chosen here and nowhere else. The point codec has no such twin in production
 (``columns`` is the tests' reference): a UDF that computes needs it, and ``doctor`` checks it
 loads. Nothing heavy is imported here: loading is what the ``load_*`` functions do.
 """
 
 from __future__ import annotations
 
-from udf_agent.wire.frames import FrameSplitter
+from typing import Any
 
-_scanner_loaded = False
+from udf_agent.wire.frames import FrameSplitter
+from udf_agent.wire.grouped import GroupedPoints, group_points_by_key, prefixed_ends
+
+
+class WireKernels:
+    """What a micro-batch's points and output need cut and moved, in plain Python and numpy:
+    the reference twins of the compiled kernels."""
+
+    def group_points(self, frames: bytes, points: Any, groups: Any) -> GroupedPoints:
+        """The points at ``points`` offsets of ``frames`` by their group bytes (``groups``)."""
+        return group_points_by_key(frames, points, groups)
+
+    def frame_ends(self, data: bytes) -> Any:
+        """Where each length-prefixed frame of ``data`` ends; None unless they are whole."""
+        return prefixed_ends(data)
+
+    def reordered(self, data: bytes, spans: Any) -> bytes:
+        """The ``spans`` (start, end) of ``data``, one after another."""
+        return b"".join(data[start:end] for start, end in spans.tolist())
+
+
+class CompiledWireKernels(WireKernels):
+    """The compiled kernels (``scanner``, ``kernels``), each the twin of the method it overrides."""
+
+    def group_points(self, frames: bytes, points: Any, groups: Any) -> GroupedPoints:
+        from udf_agent.wire.scanner import group_points
+
+        return group_points(frames, points, groups)
+
+    def frame_ends(self, data: bytes) -> Any:
+        from udf_agent.wire.scanner import frame_ends
+
+        return frame_ends(data)
+
+    def reordered(self, data: bytes, spans: Any) -> bytes:
+        import numpy as np
+
+        from udf_agent.wire.kernels import gather
+
+        gathered, _ = gather(np.frombuffer(data, dtype=np.uint8), spans)
+        return bytes(gathered.tobytes())
+
+
+REFERENCE = WireKernels()
+_kernels = REFERENCE
+
+
+def kernels() -> WireKernels:
+    """The compiled kernels once the scanner has loaded, else their reference twins."""
+    return _kernels
 
 
 def load_scanner() -> None:
     """Loads the compiled frame scanner and its kernels; raises what loading raised."""
-    global _scanner_loaded
+    global _kernels
     from udf_agent.wire import scanner
 
     scanner.warm_up()
-    _scanner_loaded = True
+    _kernels = CompiledWireKernels()
 
 
 def load_point_codec() -> None:
@@ -30,13 +80,8 @@ def load_point_codec() -> None:
     pointcodec.warm_up()
 
 
-def scanner_loaded() -> bool:
-    """Whether the compiled frame scanner (and its kernels) can be used in this process."""
-    return _scanner_loaded
-
-
 def compiled_splitter(splitter: FrameSplitter) -> FrameSplitter:
-    """The compiled scanner, taking over mid-stream from ``splitter`` (``scanner_loaded`` first)."""
+    """The compiled scanner, taking over mid-stream from ``splitter`` (``load_scanner`` first)."""
     from udf_agent.wire.scanner import FastFrameSplitter
 
     return FastFrameSplitter.continuing(splitter)
@@ -44,7 +89,7 @@ def compiled_splitter(splitter: FrameSplitter) -> FrameSplitter:
 
 def handler_run_splitter(splitter: FrameSplitter) -> FrameSplitter:
     """For a Kapacitor Handler script's session: the compiled scanner of the runs of requests
-    its handler takes as they came, taking over mid-stream from ``splitter`` (``scanner_loaded``
+    its handler takes as they came, taking over mid-stream from ``splitter`` (``load_scanner``
     first)."""
     from udf_agent.wire.scanner import RequestRunSplitter
 
