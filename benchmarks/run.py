@@ -370,8 +370,8 @@ class Bench:
         workload.path()
         # What a trickle waits, on a task's own Spark and on the default deployment (the relay hop included).
         pairs: tuple[tuple[str, str, list[tuple[str, object]], float, float], ...] = (
-            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 5.0, 20.0),
-            ("mirror", "echo", [], 1.0, 20.0),
+            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 2.0, 10.0),
+            ("mirror", "echo", [], 0.5, 10.0),
         )
         with shared_directory("bench-shared-") as shared_dir:
             for udf, handler, options, p50_goal, p99_goal in pairs:
