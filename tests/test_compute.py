@@ -596,3 +596,26 @@ def test_a_batch_udf_sees_each_points_database_and_the_task(engines):
     assert harness.finish() == 0
     points = driver.responses.of("point")
     assert [(p.fieldsString["database"], p.fieldsString["task"], p.fieldsString["node"]) for p in points] == [("db1", "test", "udf1"), ("db2", "test", "udf1")]
+
+
+def test_the_init_response_goes_before_the_output_of_points_sent_with_it(monkeypatch):
+    """A relay carrying a task over replays its Init and the points after it in one write, not
+    waiting for the InitResponse as Kapacitor does. Their output still comes after it: the relay
+    drops what Kapacitor saw by counting frames, and an InitResponse behind the points once made
+    it drop a point Kapacitor had not seen and pass a second InitResponse."""
+    from udf_agent.library.builtins import mirror
+    from udf_agent.wire import hotpath
+
+    load_scanner = hotpath.load_scanner
+
+    def slow_load() -> None:  # the InitResponse waits for the hot path (numba's first compile)
+        time.sleep(0.5)
+        load_scanner()
+
+    monkeypatch.setattr(hotpath, "load_scanner", slow_load)
+    agent = InProcessAgent(mirror, Engines(LocalEngine))
+    points = [udf_pb2.Request(point=udf_pb2.Point(time=t, name="m", fieldsDouble={"x": 1.0})) for t in range(2)]
+    agent.driver.send_raw(b"".join(encode_frame(r) for r in [udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t")), *points]))
+    agent.driver.responses.wait_for("point", 2, timeout=30)
+    assert agent.driver.responses.kinds() == ["init", "point", "point"]
+    assert agent.finish(30) == 0

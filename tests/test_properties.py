@@ -143,6 +143,7 @@ def test_the_session_never_raises_and_every_frame_it_emits_parses(case: tuple[ob
         elif isinstance(event, Fail):
             assert event.message
         elif isinstance(event, Compute):
-            assert event.batch.count > 0
+            # Work to do: points, or whole Kapacitor batches (an empty one is passed on as one).
+            assert event.batch.count > 0 or getattr(event.batch, "batches", None)
         else:
             assert isinstance(event, (TakeSnapshot, Restore)), event

@@ -76,7 +76,10 @@ def echo(driver, t: int, value: float = 1.0) -> udf_pb2.Point:
     # Counted before the point goes out: its answer can arrive before the next line runs.
     expected = len(driver.responses.of("point")) + 1
     driver.point(time=t, name="m", fieldsDouble={"x": value})
-    return driver.responses.wait_for("point", expected, timeout=30)[-1]
+    try:
+        return driver.responses.wait_for("point", expected, timeout=30)[-1]
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{driver.log()[-3000:]}") from None
 
 
 def rss_mb(pid: int) -> float:

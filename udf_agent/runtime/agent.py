@@ -59,7 +59,17 @@ class _Finish:
 
 
 # What the compute thread takes from the work queue, in order.
-Work = Compute | Emit | TakeSnapshot | Restore | TakeCheckpoint | _Finish
+class _InitReply:
+    """The InitResponse, sent once the hot path has loaded (or HOT_PATH_WAIT passed): in the
+    work's order, so that no output of a later point goes before it. Kapacitor sends points
+    only after it; a relay replaying a task to a new server does not wait."""
+
+    def __init__(self, reply: bytes, loader: threading.Thread):
+        self.reply = reply
+        self.loader = loader
+
+
+Work = Compute | Emit | TakeSnapshot | Restore | TakeCheckpoint | _InitReply | _Finish
 
 class Agent:
     """Serves one connection. ``spec`` may come later (``run(spec)``): the reader
@@ -400,23 +410,18 @@ class Agent:
         else:
             log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
         self.engines.warm_up(self._loaded()[0])
-        if event.reply is None:  # a Handler script's handler answers the Init
-            threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True).start()
-            return
-        threading.Thread(target=in_task(self.labels, self._reply_when_loaded), args=(event.reply,), name="hot-path-load", daemon=True).start()
-
-    def _reply_when_loaded(self, reply: bytes) -> None:
-        """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed).
-
-        Kapacitor sends points only after it, so they all take the fast path; the
-        reader answers keepalives meanwhile.
-        """
         loader = threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True)
         loader.start()
-        loader.join(HOT_PATH_WAIT)
-        if loader.is_alive():
+        if event.reply is not None:  # else a Handler script's handler answers the Init
+            self._work.append(_InitReply(event.reply, loader))
+
+    def _reply_when_loaded(self, item: _InitReply) -> None:
+        """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed), so
+        that the points after it all take the fast path; the reader answers keepalives meanwhile."""
+        item.loader.join(HOT_PATH_WAIT)
+        if item.loader.is_alive():
             log.info("the compiled hot path is still loading after %g s (numba's first compile); answering Init now", HOT_PATH_WAIT)
-        self.writer.send(reply)
+        self.writer.send(item.reply)
 
     def _load_hot_path(self) -> None:
         started = time.monotonic()
@@ -447,6 +452,8 @@ class Agent:
                     return
                 if isinstance(item, Emit):
                     self.writer.send(item.frames)
+                elif isinstance(item, _InitReply):
+                    self._reply_when_loaded(item)
                 else:
                     self.runner.run(item)
         except UDFError as exc:
