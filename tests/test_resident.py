@@ -13,13 +13,25 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import START_TIMEOUT, ResidentWorkers, WorkerLost, WorkerOverMemory, _split
-from spark_backend.resident_protocol import KEPT_JOBS, JobCache, describe_failure
+from spark_backend.resident_protocol import KEPT_JOBS, MAX_GATHERED, JobCache, describe_failure, receive_message, send_message
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.errors import first_line
 from udf_agent.library.builtins import moving_avg
 
 pytestmark = pytest.mark.spark
+
+
+def test_a_message_of_many_parts_and_megabytes_arrives_whole_over_a_real_socket():
+    import socket
+
+    parts = [bytes([n % 251]) * (n % 7 + 1) for n in range(MAX_GATHERED * 2 + 3)] + [b"", os.urandom(4 << 20), bytearray(b"end")]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        sender = threading.Thread(target=send_message, args=(ours, 5, *parts))
+        sender.start()  # the socket takes far less than 4 MiB at once: sends are partial
+        assert receive_message(theirs) == (5, bytearray(b"".join(parts)))
+        sender.join()
 
 
 def _after(seconds: float, action) -> threading.Thread:
