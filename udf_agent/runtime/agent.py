@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from udf_agent.api import UDFSpec
@@ -25,6 +24,7 @@ from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink, MicroBatchRunner, UDFError
 from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.workqueue import Finish, InitReply, WorkQueue
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.guard import error_frame, keepalive_frame
@@ -50,27 +50,6 @@ PASSTHROUGH_UNREAD_INPUT_BYTES = 1024 * 1024
 ERROR_REPLY_WITHIN = 1.5
 
 
-class _Finish:
-    """The end of the work: ``error`` goes out as the last frame, then the agent exits with ``code``."""
-
-    def __init__(self, error: str | None = None, code: int = 1):
-        self.error = error
-        self.code = code if error is not None else 0
-
-
-# What the compute thread takes from the work queue, in order.
-class _InitReply:
-    """The InitResponse, sent once the hot path has loaded (or HOT_PATH_WAIT passed): in the
-    work's order, so that no output of a later point goes before it. Kapacitor sends points
-    only after it; a relay replaying a task to a new server does not wait."""
-
-    def __init__(self, reply: bytes, loader: threading.Thread):
-        self.reply = reply
-        self.loader = loader
-
-
-Work = Compute | Emit | TakeSnapshot | Restore | TakeCheckpoint | _InitReply | _Finish
-
 class Agent:
     """Serves one connection. ``spec`` may come later (``run(spec)``): the reader
     can start first and answer keepalives while the UDF's module imports."""
@@ -88,9 +67,9 @@ class Agent:
             None, max_batch_points=self.config.max_batch_points, max_frame_size=self.config.max_frame_size, allow_modules=self.config.allow_modules,
         )
         self.flush_policy = FlushPolicy(self.config.flush_interval, self.config.gather, self.config.adaptive_flush)
-        # Guards the session's protocol state and the work queue: one order for everything computed.
-        self._cond = threading.Condition()
-        self._work: deque[Work] = deque()
+        # Its Condition guards the session's protocol state too: one order for everything computed.
+        self._work = WorkQueue()
+        self._cond = self._work.cond
         # Kapacitor's task and node IDs (from the InitRequest) and the UDF: named by every line this task logs.
         self.labels = TaskLabels()
         self.writer = Writer(connection, self.labels)
@@ -106,10 +85,6 @@ class Agent:
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
-        self._compute_busy = False  # the compute thread holds a work item
-        # When the compute thread, waiting for work, wakes by itself to look at the open
-        # micro-batch; -inf while it is not waiting.
-        self._compute_wakes_at = float("-inf")
         # Set when the compute thread ends or a deadline for it is set: what the thread that
         # runs the agent waits for, instead of polling (an idle task costs no CPU).
         self._compute_watch = threading.Event()
@@ -224,7 +199,7 @@ class Agent:
         except BaseException as exc:  # a dead reader would leave the task hanging
             log.exception("internal error in the reader")
             with self._cond:
-                self._work.append(_Finish(f"udf-agent internal error: {type(exc).__name__}: {exc}"))
+                self._work.put(Finish(f"udf-agent internal error: {type(exc).__name__}: {exc}"))
                 self._cond.notify_all()
 
     def _read(self) -> None:
@@ -263,7 +238,7 @@ class Agent:
             if not self._dispatch(session.receive_eof(time.monotonic(), truncated_ok=not peer_ended)):
                 return
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
-            self._work.append(_Finish(self._stop_reason, code=0))
+            self._work.put(Finish(self._stop_reason, code=0))
             self._cond.notify_all()
 
     def _checkpoint_if_due(self) -> None:
@@ -284,11 +259,7 @@ class Agent:
         with self._cond:
             now = time.monotonic()
             alive = self._dispatch(self.session.next_events(now))
-            due = self._micro_batch_due(now)
-            # Only when the compute thread would otherwise look too late: under Kapacitor's feed
-            # a micro-batch gathers over many reads, and waking it for each costs CPU a point.
-            if self._work or (due is not None and due < self._compute_wakes_at):
-                self._cond.notify_all()
+            self._work.wake_for(self._micro_batch_due(now))
         return alive
 
     def _micro_batch_due(self, now: float) -> float | None:
@@ -306,7 +277,7 @@ class Agent:
     def falling_behind(self) -> bool:
         """Whether this task's input waits for compute longer than it may gather (``TaskStats``)."""
         with self._cond:
-            opened = [item.batch.opened_at for item in self._work if isinstance(item, Compute)]
+            opened = self._work.opened()
             pending = self.session.open_micro_batch()
         if pending is not None:
             opened.append(pending[0])
@@ -347,8 +318,8 @@ class Agent:
                 self._passed_out += event.points
                 # Behind the output of micro-batches still being computed, else straight out;
                 # with the output queue full, the compute thread waits for room instead.
-                if self._work or self._compute_busy or self.writer.full():
-                    self._work.append(event)
+                if not self._work.idle() or self.writer.full():
+                    self._work.put(event)
                 else:
                     self.writer.send(event.frames, wait=False)
             elif isinstance(event, Started):
@@ -356,7 +327,7 @@ class Agent:
             elif isinstance(event, (Compute, TakeSnapshot, Restore, TakeCheckpoint)):
                 if isinstance(event, Compute):
                     self.stats.received(event.batch.count, time.monotonic())
-                self._work.append(event)
+                self._work.put(event)
             elif isinstance(event, Fail):
                 log.error("protocol error: %s", event.message)
                 message = f"protocol error: {event.message}"
@@ -364,7 +335,7 @@ class Agent:
                 if self._failure is None:
                     self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
                     self._compute_watch.set()
-                self._work.append(_Finish(message))
+                self._work.put(Finish(message))
                 alive = False
         self._cond.notify_all()
         return alive
@@ -395,8 +366,7 @@ class Agent:
                 self._cond.wait(min(trickle_at if trickle else heartbeat_at, heartbeat_at) - now)
 
     def _points_waiting(self) -> int:
-        queued = sum(item.batch.count if isinstance(item, Compute) else item.points for item in self._work if isinstance(item, (Compute, Emit)))
-        return queued + self.session.pending_points()
+        return self._work.points() + self.session.pending_points()
 
     def _start(self, event: Started) -> None:
         self.runner.options = event.options
@@ -413,9 +383,9 @@ class Agent:
         loader = threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True)
         loader.start()
         if event.reply is not None:  # else a Handler script's handler answers the Init
-            self._work.append(_InitReply(event.reply, loader))
+            self._work.put(InitReply(event.reply, loader))
 
-    def _reply_when_loaded(self, item: _InitReply) -> None:
+    def _reply_when_loaded(self, item: InitReply) -> None:
         """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed), so
         that the points after it all take the fast path; the reader answers keepalives meanwhile."""
         item.loader.join(HOT_PATH_WAIT)
@@ -446,13 +416,13 @@ class Agent:
     def _compute_loop(self) -> None:
         try:
             while True:
-                item = self._next_work()
-                if isinstance(item, _Finish):
+                item = self._work.take(self._micro_batch_due, self._close_due, lambda: self.runner.abandoned)
+                if isinstance(item, Finish):
                     self._finish(item.error, item.code)
                     return
                 if isinstance(item, Emit):
                     self.writer.send(item.frames)
-                elif isinstance(item, _InitReply):
+                elif isinstance(item, InitReply):
                     self._reply_when_loaded(item)
                 else:
                     self.runner.run(item)
@@ -464,25 +434,9 @@ class Agent:
         finally:
             self._compute_watch.set()  # the runner's wait ends
 
-    def _next_work(self) -> Work:
-        with self._cond:
-            self._compute_busy = False  # the previous item is done
-            while not self._work:
-                if self.runner.abandoned:
-                    return _Finish()
-                now = time.monotonic()
-                deadline = self._micro_batch_due(now)
-                if deadline is not None and now >= deadline:
-                    self._dispatch(self.session.flush())
-                    continue
-                # With nothing open, the reader wakes this thread for the next micro-batch.
-                self._compute_wakes_at = float("inf") if deadline is None else deadline
-                self._cond.wait(None if deadline is None else deadline - now)
-                self._compute_wakes_at = float("-inf")
-            item = self._work.popleft()
-            self._compute_busy = True
-            self._cond.notify_all()
-            return item
+    def _close_due(self) -> None:
+        """The open micro-batch goes to compute: it is due (caller holds ``_cond``)."""
+        self._dispatch(self.session.flush())
 
     def _finish(self, error: str | None, code: int = 1) -> None:
         if error is not None:
