@@ -250,11 +250,12 @@ def test_a_missing_dependency_of_the_target_shows_where_it_is_imported(tmp_path,
 def test_gather_reaches_the_agent_and_its_session():
     import socket
 
+    from udf_agent.cli.params import split_engine_options
     from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
-    from udf_agent.runtime.engines import Engines, split_engine_options
+    from udf_agent.runtime.engines import Engines
     from udf_agent.runtime.flushing import GATHER
     from udf_agent.runtime.transports import SocketConnection
 
@@ -281,11 +282,12 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
     import json
     import socket
 
+    from udf_agent.cli.params import split_engine_options
     from udf_agent.cli.tasks import run
     from udf_agent.compute.engine import LocalEngine
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
-    from udf_agent.runtime.engines import Engines, split_engine_options
+    from udf_agent.runtime.engines import Engines
     from udf_agent.runtime.transports import SocketConnection
 
     context = run.make_context("run", ["stream_fn", "--allow-module", "mypkg", "--allow-module", "other.functions"])

@@ -177,6 +177,16 @@ def metrics_option(help_text: str) -> Callable[[CommandFunction], CommandFunctio
 SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task (labels task, node, udf) points received and sent, micro-batches, compute and keepalive-answer time histograms, points skipped, dead-lettered and dropped at a stop, groups, output queued; Spark workers connected and their launches; the process's CPU and memory."
 
 
+# The compute options of 'run' and 'serve' that set up the engines rather than the agent.
+ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote", "worker_memory")
+
+
+def split_engine_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A command line's compute options: (the engines', the agent's)."""
+    engine = {name: options[name] for name in ENGINE_OPTIONS}
+    return engine, {name: value for name, value in options.items() if name not in engine}
+
+
 def compute_options(function: CommandFunction) -> CommandFunction:
     decorators = [
         click.option("--master", default="local[*]", show_default=True, help="Spark master URL (embedded Spark by default). A spark:// master that takes no TCP connection within 5 s fails the task with an ErrorResponse naming it and the cause."),

@@ -10,10 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from udf_agent.cli.group import load_target, main
-from udf_agent.cli.params import SERVER_METRICS, DurationType, TargetCommand, compute_options, log_format_option, metrics_option
-from udf_agent.runtime.engines import exit_process, spark_engines, split_engine_options
-from udf_agent.runtime.stop_signals import on_stop_signals
-from udf_agent.serve.shared import SPARK_FREE_BUILTINS
+from udf_agent.cli.params import SERVER_METRICS, DurationType, TargetCommand, compute_options, log_format_option, metrics_option, split_engine_options
 
 if TYPE_CHECKING:
     from udf_agent.runtime.agent import Agent
@@ -53,6 +50,7 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
     arguments after --): it runs unmodified, its handler computed on Spark (docs/migrating.md)."""
     engine_options, agent_options = split_engine_options(options)
     from udf_agent.api import names_a_script
+    from udf_agent.serve.shared import SPARK_FREE_BUILTINS
 
     if names_a_script(target):
         target = os.path.abspath(target)
@@ -73,7 +71,9 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
         relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None, script_args)
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
+    from udf_agent.runtime.engines import exit_process, spark_engines
     from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.stop_signals import on_stop_signals
     from udf_agent.runtime.transports import claim_stdio
 
     # Before anything else runs (the UDF's module included), so no print can reach the protocol.
@@ -101,6 +101,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
     """Serve TARGET on a unix socket: one independent session per connection."""
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
+    from udf_agent.runtime.engines import spark_engines
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.serve.socket_server import UnixSocketServer
 
@@ -146,6 +147,7 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     its socket, and exits after --idle-exit with no task."""
     import json
 
+    from udf_agent.runtime.engines import spark_engines
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.serve.shared_server import shared_socket_server
 
@@ -166,6 +168,8 @@ def _serve_until_stopped(server: UnixSocketServer, engines: Engines, warm_up: Ca
     """Listens (or stops the command with one line saying why it cannot), serves until a stop
     signal (or, for the shared server, its idle exit), then exits. Spark starts before the
     first connection: the first task's Init finds it warm."""
+    from udf_agent.runtime.engines import exit_process
+    from udf_agent.runtime.stop_signals import on_stop_signals
     from udf_agent.serve.socket_server import SocketServerError
 
     try:

@@ -89,16 +89,6 @@ class Engines:
             log.exception("engine warm-up failed")
 
 
-# The options of 'run' and 'serve' that set up the engines rather than the agent.
-ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote", "worker_memory")
-
-
-def split_engine_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A command line's compute options: (the engines', the agent's)."""
-    engine = {name: options[name] for name in ENGINE_OPTIONS}
-    return engine, {name: value for name, value in options.items() if name not in engine}
-
-
 def spark_engines(
     master: str,
     confs: tuple[tuple[str, str], ...],

@@ -34,24 +34,27 @@ class WireKernels:
 
 
 class CompiledWireKernels(WireKernels):
-    """The compiled kernels (``scanner``, ``kernels``), each the twin of the method it overrides."""
+    """The compiled kernels (``scanner``, ``kernels``), each the twin of the method it overrides;
+    made once the scanner has loaded."""
+
+    def __init__(self) -> None:
+        from udf_agent.wire import kernels, scanner
+
+        self._group_points = scanner.group_points
+        self._frame_ends = scanner.frame_ends
+        self._gather = kernels.gather
 
     def group_points(self, frames: bytes, points: Any, groups: Any) -> GroupedPoints:
-        from udf_agent.wire.scanner import group_points
-
-        return group_points(frames, points, groups)
+        grouped: GroupedPoints = self._group_points(frames, points, groups)
+        return grouped
 
     def frame_ends(self, data: bytes) -> Any:
-        from udf_agent.wire.scanner import frame_ends
-
-        return frame_ends(data)
+        return self._frame_ends(data)
 
     def reordered(self, data: bytes, spans: Any) -> bytes:
         import numpy as np
 
-        from udf_agent.wire.kernels import gather
-
-        gathered, _ = gather(np.frombuffer(data, dtype=np.uint8), spans)
+        gathered, _ = self._gather(np.frombuffer(data, dtype=np.uint8), spans)
         return bytes(gathered.tobytes())
 
 
