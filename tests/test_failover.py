@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.serve.failover import CarryOver, CarryOverError, counted_frames, frames_in
+from udf_agent.serve.failover import CarryOver, CarryOverError, frames_in
 from udf_agent.serve.relay_link import Checkpoint
-from udf_agent.wire.frames import encode_frame
+from udf_agent.wire.frames import KEEPALIVE_KEY, count_frames, encode_frame
 
 
 def point(n: int) -> bytes:
@@ -34,76 +34,86 @@ ERROR = encode_frame(udf_pb2.Response(error=udf_pb2.ErrorResponse(error="boom"))
 RESTORE = b"<restore frame>"
 
 
-def test_keepalive_replies_do_not_count_every_other_frame_does():
-    data = point(1) + keepalive_reply(2) + point(3) + INIT_OK + point(4) * 200
-    assert counted_frames(data) == 203
-    # Lengths of two and three bytes, and an empty frame, count as well.
-    long_points = encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * 300))) + encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * 20_000)))
-    assert counted_frames(long_points + b"\x00" + keepalive_reply(5) + data) == 206
-    assert [first for _, _, first in frames_in(data)][:4] == [0x8A, 0x1A, 0x8A, 0x12]
+def passed(carry: CarryOver, frames: bytes) -> bytes:
+    """What the relay does with output the server counted (``RelayedConnection.write``)."""
+    return carry.passed(frames, count_frames(frames, KEEPALIVE_KEY))
+
+
+def test_the_first_byte_of_each_frame_tells_its_kind():
+    data = point(1) + keepalive_reply(2) + point(3) + INIT_OK
+    assert [first for _, _, first in frames_in(data)] == [0x8A, 0x1A, 0x8A, 0x12]
+
+
+def test_what_the_server_counted_is_what_kapacitor_saw_and_what_a_carry_over_drops():
+    carry = CarryOver()
+    carry.sent(request(1) + request(2) + request(3))
+    # Counted by the server: the relay takes its word, and never walks the frames.
+    assert carry.passed(point(1) + point(2), 2) == point(1) + point(2)
+    carry.replay(b"")
+    assert passed(carry, point(1) + point(2) + point(3)) == point(3)
 
 
 def test_a_replay_without_a_checkpoint_is_all_the_input_and_drops_every_reply_kapacitor_saw():
     carry = CarryOver()
     carry.sent(request(1) + request(2))
-    assert carry.passed(point(1) + keepalive_reply(9) + point(2)) == point(1) + keepalive_reply(9) + point(2)
+    assert passed(carry, point(1) + keepalive_reply(9) + point(2)) == point(1) + keepalive_reply(9) + point(2)
     assert carry.replay(b"") == request(1) + request(2)
     assert carry.catching_up
     # The recomputed two are dropped; a keepalive reply passes; what is new goes on.
-    assert carry.passed(point(1) + keepalive_reply(10)) == keepalive_reply(10)
-    assert carry.passed(point(2) + point(3)) == point(3)
+    assert passed(carry, point(1) + keepalive_reply(10)) == keepalive_reply(10)
+    assert passed(carry, point(2) + point(3)) == point(3)
     assert not carry.catching_up
 
 
 def test_a_checkpoint_trims_the_input_kept_and_the_replay_starts_with_init_and_restore():
     carry = CarryOver()
     carry.sent(request(1) + request(2))
-    carry.passed(point(1) + point(2))
+    passed(carry, point(1) + point(2))
     carry.checkpointed(Checkpoint(len(request(1) + request(2)), INIT, b"state"))
     carry.sent(request(3))
-    carry.passed(point(3))
+    passed(carry, point(3))
     assert carry.kept_input == len(request(3)) and carry.snapshot == b"state"
     replay = carry.replay(RESTORE)
     assert replay == INIT + RESTORE + request(3)
     carry.sent(request(4))
     # Replies to the made-up Init and Restore come in any order, among the data.
-    assert carry.passed(RESTORE_OK + point(3) + INIT_OK + point(4)) == point(4)
+    assert passed(carry, RESTORE_OK + point(3) + INIT_OK + point(4)) == point(4)
     # The new server's checkpoint is counted in its own input: Init and Restore first.
     carry.sent(request(5))
     carry.checkpointed(Checkpoint(len(replay) + len(request(4)), INIT, b"later"))
-    carry.passed(point(5))  # the output after a checkpoint answers input after it
+    passed(carry, point(5))  # the output after a checkpoint answers input after it
     assert carry.kept_input == len(request(5))
     assert carry.replay(RESTORE) == INIT + RESTORE + request(5)
-    assert carry.passed(INIT_OK + RESTORE_OK + point(5) + point(6)) == point(6)
+    assert passed(carry, INIT_OK + RESTORE_OK + point(5) + point(6)) == point(6)
 
 
 def test_a_carry_over_during_a_catch_up_drops_only_what_kapacitor_saw():
     carry = CarryOver()
     carry.sent(request(1) + request(2) + request(3))
-    carry.passed(point(1) + point(2) + point(3))
+    passed(carry, point(1) + point(2) + point(3))
     carry.replay(b"")
-    assert carry.passed(point(1)) == b""  # the new server dies here
+    assert passed(carry, point(1)) == b""  # the new server dies here
     carry.replay(b"")
-    assert carry.passed(point(1) + point(2) + point(3) + point(4)) == point(4)
+    assert passed(carry, point(1) + point(2) + point(3) + point(4)) == point(4)
 
 
 def test_a_checkpoint_during_a_catch_up_counts_what_is_still_to_drop_as_seen():
     carry = CarryOver()
     carry.sent(request(1) + request(2))
-    carry.passed(point(1) + point(2))
+    passed(carry, point(1) + point(2))
     replay = carry.replay(b"")
-    carry.passed(point(1))
+    passed(carry, point(1))
     carry.checkpointed(Checkpoint(len(replay[: len(request(1))]), INIT, b"s"))  # after point 1, before 2
     assert carry.replay(RESTORE) == INIT + RESTORE + request(2)
-    assert carry.passed(INIT_OK + RESTORE_OK + point(2) + point(3)) == point(3)
+    assert passed(carry, INIT_OK + RESTORE_OK + point(2) + point(3)) == point(3)
 
 
 def test_an_error_reply_is_never_dropped():
     carry = CarryOver()
     carry.sent(request(1))
-    carry.passed(point(1))
+    passed(carry, point(1))
     carry.replay(b"")
-    assert carry.passed(ERROR) == ERROR
+    assert passed(carry, ERROR) == ERROR
 
 
 def test_a_refused_restore_ends_the_carry_over_saying_why():
@@ -112,7 +122,7 @@ def test_a_refused_restore_ends_the_carry_over_saying_why():
     carry.checkpointed(Checkpoint(len(request(1)), INIT, b"state"))
     carry.replay(RESTORE)
     with pytest.raises(CarryOverError, match="refused the task's restore: bad snapshot"):
-        carry.passed(INIT_OK + RESTORE_REFUSED)
+        passed(carry, INIT_OK + RESTORE_REFUSED)
 
 
 def test_a_checkpoint_outside_what_was_sent_is_refused():

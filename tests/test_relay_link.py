@@ -16,10 +16,10 @@ from udf_agent import udf_pb2
 from udf_agent.runtime.connection import WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
 from udf_agent.runtime.writer import Writer
-from udf_agent.serve.relay_link import MAX_QUEUED_LOG_BYTES, OUTPUT, ChunkSplitter, LinkError, RelayedConnection, log_message
-from udf_agent.wire.frames import encode_frame
+from udf_agent.serve.relay_link import MAX_QUEUED_LOG_BYTES, OUTPUT, ChunkSplitter, LinkError, RelayedConnection, log_message, output_message
+from udf_agent.wire.frames import KEEPALIVE_KEY, count_frames, encode_frame
 from udf_agent.wire.guard import error_frame
-from udf_agent.wire.links import HEADER, message
+from udf_agent.wire.links import HEADER, LENGTH, message
 
 
 def point_frames(count: int, first: int = 0) -> bytes:
@@ -30,8 +30,16 @@ CHUNKS = [point_frames(3), point_frames(1, 3), error_frame("it failed")]
 RECORDS = [b'{"message": "first"}', b'{"message": "second"}', b'{"message": "after the last chunk"}']
 # Output and log records interleaved, as the server sends them: a record ahead of a write's chunk.
 MESSAGES = [("record", RECORDS[0]), ("chunk", CHUNKS[0]), ("chunk", CHUNKS[1]), ("record", RECORDS[1]), ("chunk", CHUNKS[2]), ("record", RECORDS[2])]
-STREAM = b"".join(message(OUTPUT, body) if kind == "chunk" else log_message(body) for kind, body in MESSAGES)
-ENDS = [sum(HEADER.size + len(body) for _, body in MESSAGES[: n + 1]) for n in range(len(MESSAGES))]
+
+
+def chunk_message(frames: bytes) -> bytes:
+    return output_message(frames, count_frames(frames, KEEPALIVE_KEY))
+
+
+WIRE = [chunk_message(body) if kind == "chunk" else log_message(body) for kind, body in MESSAGES]
+STREAM = b"".join(WIRE)
+ENDS = [sum(len(part) for part in WIRE[: n + 1]) for n in range(len(WIRE))]
+COUNTED = [3, 1, 1]  # frames in each of CHUNKS
 
 
 def of_kind(kind: str, messages: list[tuple[str, bytes]]) -> list[bytes]:
@@ -40,7 +48,7 @@ def of_kind(kind: str, messages: list[tuple[str, bytes]]) -> list[bytes]:
 
 def test_whole_chunks_come_out_as_their_frames_records_apart_and_the_last_chunk_is_kept():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM) == (b"".join(CHUNKS), RECORDS, None)
+    assert splitter.feed(STREAM) == (b"".join(CHUNKS), sum(COUNTED), RECORDS, None)
     assert splitter.buffered == 0
     assert splitter.last_chunk == CHUNKS[-1]  # a record after it does not hide how the task ended
 
@@ -49,7 +57,7 @@ def test_a_stream_fed_one_byte_at_a_time_gives_each_message_once_it_is_whole():
     splitter = ChunkSplitter()
     out: list[tuple[str, bytes]] = []
     for i in range(len(STREAM)):
-        whole, records, _ = splitter.feed(STREAM[i : i + 1])
+        whole, _, records, _ = splitter.feed(STREAM[i : i + 1])
         assert not (whole and records)  # one byte completes one message at most
         if whole:
             out.append(("chunk", whole))
@@ -61,27 +69,43 @@ def test_a_stream_fed_one_byte_at_a_time_gives_each_message_once_it_is_whole():
 @pytest.mark.parametrize("cut", range(1, len(STREAM)))
 def test_a_stream_split_anywhere_gives_only_whole_messages(cut):
     splitter = ChunkSplitter()
-    first, first_records, _ = splitter.feed(STREAM[:cut])
+    first, first_counted, first_records, _ = splitter.feed(STREAM[:cut])
     # Never a piece of a message: what comes out ends where a message ends.
     done = sum(end <= cut for end in ENDS)
     assert first == b"".join(of_kind("chunk", MESSAGES[:done]))
     assert first_records == of_kind("record", MESSAGES[:done])
     assert splitter.buffered == cut - (ENDS[done - 1] if done else 0)
-    rest, rest_records, _ = splitter.feed(STREAM[cut:])
-    assert (first + rest, first_records + rest_records) == (b"".join(CHUNKS), RECORDS)
+    assert first_counted == sum(COUNTED[: len(of_kind("chunk", MESSAGES[:done]))])
+    rest, rest_counted, rest_records, _ = splitter.feed(STREAM[cut:])
+    assert (first + rest, first_counted + rest_counted, first_records + rest_records) == (b"".join(CHUNKS), sum(COUNTED), RECORDS)
     assert splitter.buffered == 0
 
 
 def test_a_chunk_cut_short_stays_buffered_and_is_never_passed_on():
     splitter = ChunkSplitter()
-    assert splitter.feed(STREAM[: ENDS[1] + 5]) == (CHUNKS[0], RECORDS[:1], None)
+    assert splitter.feed(STREAM[: ENDS[1] + 5]) == (CHUNKS[0], COUNTED[0], RECORDS[:1], None)
     assert splitter.buffered == 5
     assert splitter.last_chunk == CHUNKS[0]
 
 
 def test_a_message_of_an_unknown_kind_is_refused_saying_so():
     with pytest.raises(LinkError, match="unknown kind 7"):
-        ChunkSplitter().feed(message(OUTPUT, b"\x01\x00") + message(7, b"??"))
+        ChunkSplitter().feed(chunk_message(b"\x01\x00") + message(7, b"??"))
+
+
+def test_an_output_chunk_too_short_to_hold_its_count_is_refused_saying_so():
+    with pytest.raises(LinkError, match="an output chunk of 3 bytes, short of its count"):
+        ChunkSplitter().feed(message(OUTPUT, b"\x01\x00\x00"))
+
+
+def test_the_server_counts_every_frame_of_a_write_but_keepalive_replies():
+    keepalive = encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=7)))
+    ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, relay:
+        RelayedConnection(ours).write(keepalive + point_frames(2) + keepalive + error_frame("it failed"))
+        ours.shutdown(socket.SHUT_WR)
+        _, counted, _, _ = ChunkSplitter().feed(relay.recv(1 << 20))
+    assert counted == 3
 
 
 def test_a_message_is_its_kind_and_length_little_endian_then_its_payload():
@@ -98,10 +122,10 @@ def test_a_relayed_connection_sends_each_write_as_one_chunk_over_a_real_socket()
         received = b""
         while data := relay.recv(65536):
             received += data
-    assert received == b"".join(message(OUTPUT, chunk) for chunk in CHUNKS)
+    assert received == b"".join(chunk_message(chunk) for chunk in CHUNKS)
 
 
-def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header():
+def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header_and_count():
     ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, relay:
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -117,7 +141,7 @@ def test_a_write_cut_by_its_deadline_counts_frame_bytes_not_the_header():
         except BlockingIOError:
             pass
     assert 0 < cut.value.written < len(big)
-    assert cut.value.written == queued - HEADER.size
+    assert cut.value.written == queued - HEADER.size - LENGTH.size
 
 
 @pytest.fixture
@@ -151,7 +175,7 @@ def read_to_the_end(relay: socket.socket) -> tuple[bytes, list[dict]]:
     splitter = ChunkSplitter()
     frames, records = b"", []
     while data := relay.recv(1 << 20):
-        whole, new, _ = splitter.feed(data)
+        whole, _, new, _ = splitter.feed(data)
         frames += whole
         records += [json.loads(record) for record in new]
     assert splitter.buffered == 0
@@ -170,7 +194,7 @@ def test_a_tasks_log_records_reach_its_relay_while_no_output_flows_and_no_one_el
         log_in_a_task(labels, "dropped %d point(s)", 3)
         # No output is under way: the record wakes the writer, and arrives on its own.
         relay.settimeout(10)
-        whole, (record,), _ = ChunkSplitter().feed(relay.recv(1 << 20))
+        whole, _, (record,), _ = ChunkSplitter().feed(relay.recv(1 << 20))
         assert whole == b""
         assert json.loads(record) == {
             "time": pytest.approx(time.time(), abs=10),

@@ -285,3 +285,20 @@ def test_output_frames_go_back_in_arrival_order(compiled):
     # Not one whole frame per point: no reordering.
     assert in_arrival_order(grouped_order[:-1], arrival, kernels) is None
     assert in_arrival_order(grouped_order, arrival[:-1], kernels) is None
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])
+def test_frames_are_counted_but_those_whose_body_starts_with_the_uncounted_key(compiled):
+    from udf_agent.wire.frames import KEEPALIVE_KEY
+    from udf_agent.wire.hotpath import REFERENCE, CompiledWireKernels
+
+    kernels = CompiledWireKernels() if compiled else REFERENCE
+    keepalive = encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=5)))
+    init_ok = encode_frame(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
+    points = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m"))) for t in range(200)]
+    data = b"".join(points[:40]) + keepalive + init_ok + b"".join(points[40:])
+    assert kernels.count_frames(data, KEEPALIVE_KEY) == 201
+    # Lengths of two and three bytes, and an empty frame, count as well.
+    long_points = b"".join(encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * size))) for size in (300, 20_000))
+    assert kernels.count_frames(long_points + b"\x00" + keepalive + data, KEEPALIVE_KEY) == 204
+    assert kernels.count_frames(b"", KEEPALIVE_KEY) == 0

@@ -31,7 +31,7 @@ from typing import Any
 
 from udf_agent import udf_pb2
 from udf_agent.api import HandlerScript
-from udf_agent.wire.frames import encode_varint, read_varint
+from udf_agent.wire.frames import POINT_KEY, encode_varint, read_varint
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +184,13 @@ class ResponseSink:
         output goes out whole): a handler's data (points, batches) or an error."""
         if response is None:
             raise Exception("cannot write None response")  # Kapacitor's agent's words
-        kind = response.WhichOneof("message")
-        if kind == "point":  # nearly every write
-            self._append(response.SerializeToString())
+        body = response.SerializeToString()
+        # A Response is one oneof: its bytes start with the key of the field set, so a point
+        # (nearly every write) is known without asking upb.
+        if body.startswith(POINT_KEY):
+            self._append(body)
             return
+        kind = response.WhichOneof("message")
         if kind is None:
             raise ValueError("the handler wrote an empty Response (kapacitord crashes on one): refused")
         if kind in _MANAGEMENT:
@@ -200,7 +203,7 @@ class ResponseSink:
             if not self._batch_open:
                 raise ValueError("the handler wrote an EndBatch with no open BeginBatch (kapacitord crashes on one): refused")
             self._batch_open = False
-        self._append(response.SerializeToString())
+        self._append(body)
 
     def reply(self, kind: str, response: Any) -> None:
         """What a handler's ``info()``, ``init()``, ``snapshot()`` or ``restore()`` returned."""

@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from udf_agent.serve.relay_link import Checkpoint
-from udf_agent.wire.frames import ProtocolError, read_varint
+from udf_agent.wire.frames import KEEPALIVE_KEY, ProtocolError, read_varint
 
 # The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
 INIT_REPLY = (2 << 3) | 2
-KEEPALIVE_REPLY = (3 << 3) | 2
+KEEPALIVE_REPLY = KEEPALIVE_KEY
 RESTORE_REPLY = (5 << 3) | 2
 ERROR_REPLY = (6 << 3) | 2
 # ... and of a Request frame's (the same field number).
@@ -52,32 +52,6 @@ def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
             return  # a length cut short: the frame is not whole
         yield start, pos + length, data[pos] if length and pos < size else -1
         pos += length
-
-
-def counted_frames(data: bytes) -> int:
-    """Frames in ``data`` that count for a carry-over: every one but keepalive replies.
-    ``frames_in``'s walk written out, a length of one byte (a body under 128 bytes) read
-    inline: every output frame passes here (0.16 µs a frame, against 0.26 with every length
-    read as a varint and 0.5 through the generator)."""
-    count = 0
-    pos, size = 0, len(data)
-    while pos < size:
-        length = data[pos]
-        pos += 1
-        if length >= 0x80:
-            length &= 0x7F
-            shift = 7
-            while True:
-                byte = data[pos]
-                pos += 1
-                length |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
-        if not length or data[pos] != KEEPALIVE_REPLY:
-            count += 1
-        pos += length
-    return count
 
 
 class CarryOver:
@@ -119,12 +93,13 @@ class CarryOver:
         self._passed = self._to_drop  # seen already: they follow the checkpoint too
         self.checkpoints += 1
 
-    def passed(self, frames: bytes) -> bytes:
-        """Output frames from the server in; the ones Kapacitor gets out (all of them, but
-        while catching up), counting what Kapacitor saw. CarryOverError if the new server
-        refused the Init or Restore the relay made up."""
+    def passed(self, frames: bytes, counted: int) -> bytes:
+        """Output frames from the server in, ``counted`` of them not keepalive replies (the
+        server counted them); the ones Kapacitor gets out (all of them, but while catching up),
+        counting what Kapacitor saw. CarryOverError if the new server refused the Init or
+        Restore the relay made up."""
         if not self.catching_up:
-            self._passed += counted_frames(frames)
+            self._passed += counted
             return frames
         out = bytearray()
         for start, end, first in frames_in(frames):

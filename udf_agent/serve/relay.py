@@ -173,12 +173,12 @@ class Relay:
         """What the server sent, in order: log records to stderr, output to Kapacitor (less
         what it saw already, while catching up after a carry-over), checkpoints kept."""
         while True:
-            frames, records, checkpoint = self._chunks.feed(chunk)
+            frames, counted, records, checkpoint = self._chunks.feed(chunk)
             chunk = b""
             for record in records:  # first: Kapacitor may end the process once it reads an ErrorResponse
                 log_forwarded(record, self._labels)
             if frames:
-                out = self._carry.passed(frames)
+                out = self._carry.passed(frames, counted)
                 if out:
                     self._write_all(out)
                 if not self._carry.catching_up:

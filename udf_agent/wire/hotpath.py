@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from udf_agent.wire.frames import FrameSplitter
+from udf_agent.wire.frames import FrameSplitter, count_frames
 from udf_agent.wire.grouped import GroupedPoints, group_points_by_key, prefixed_ends
 
 
@@ -32,6 +32,10 @@ class WireKernels:
         """The ``spans`` (start, end) of ``data``, one after another."""
         return b"".join(data[start:end] for start, end in spans.tolist())
 
+    def count_frames(self, data: bytes, uncounted_key: int) -> int:
+        """The frames of ``data`` (whole frames only) but those whose body starts with ``uncounted_key``."""
+        return count_frames(data, uncounted_key)
+
 
 class CompiledWireKernels(WireKernels):
     """The compiled kernels (``scanner``, ``kernels``), each the twin of the method it overrides;
@@ -43,6 +47,7 @@ class CompiledWireKernels(WireKernels):
         self._group_points = scanner.group_points
         self._frame_ends = scanner.frame_ends
         self._gather = kernels.gather
+        self._count_frames = scanner.count_frames
 
     def group_points(self, frames: bytes, points: Any, groups: Any) -> GroupedPoints:
         grouped: GroupedPoints = self._group_points(frames, points, groups)
@@ -56,6 +61,9 @@ class CompiledWireKernels(WireKernels):
 
         gathered, _ = self._gather(np.frombuffer(data, dtype=np.uint8), spans)
         return bytes(gathered.tobytes())
+
+    def count_frames(self, data: bytes, uncounted_key: int) -> int:
+        return self._count_frames(data, uncounted_key)
 
 
 REFERENCE = WireKernels()

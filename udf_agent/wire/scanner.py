@@ -239,6 +239,26 @@ def group_points(frames: bytes, points: np.ndarray, groups: np.ndarray) -> Group
     return GroupedPoints(keys, data, bounds, counts, order)
 
 
+@njit(cache=True, nogil=True)
+def _count_frames(buf: Any, uncounted_key: int) -> int:
+    size = buf.shape[0]
+    pos = 0
+    count = 0
+    while pos < size:
+        length, pos = varint(buf, pos, size)
+        if pos < 0:
+            break
+        if length == 0 or buf[pos] != uncounted_key:
+            count += 1
+        pos += length
+    return count
+
+
+def count_frames(data: bytes, uncounted_key: int) -> int:
+    """``frames.count_frames``, compiled."""
+    return int(_count_frames(np.frombuffer(data, np.uint8), uncounted_key))
+
+
 def frame_ends(output: bytes) -> np.ndarray | None:
     """Where each whole frame of ``output`` ends; None unless it is whole frames only."""
     found = scan(output, max(len(output), 1), len(output) // 2 + 1)
@@ -284,6 +304,7 @@ def warm_up() -> None:
     first_invalid_group(b"g", spans)
     group_points(b"g", spans, spans)
     frame_ends(b"\x00")
+    count_frames(b"\x00", 0)
 
 
 class FastFrameSplitter(FrameSplitter):
