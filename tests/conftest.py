@@ -82,9 +82,15 @@ _MEASURED: list[str] = []
 
 
 @pytest.fixture
-def report():
-    """Records a measured figure; all of them are printed in pytest's closing summary."""
-    return _MEASURED.append
+def report(request):
+    """Records a measured figure; all of them are printed in pytest's closing summary. They
+    travel with the test's report, so that a test process of pytest-xdist's reaches it too."""
+    return lambda line: request.node.user_properties.append(("measured", line))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":  # the last report of a test: every figure it recorded
+        _MEASURED.extend(value for name, value in report.user_properties if name == "measured")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -22,7 +22,8 @@ from benchmarks.driver import java_descendants
 from benchmarks.spark_servers import connect_server, standalone_cluster
 from udf_agent.testing import KapacitorDriver, option
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+# One test process takes them all (pytest -n 2 --dist loadgroup): clusters come and go one at a time.
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
