@@ -30,7 +30,9 @@ that every agent meets the machine's moods alike:
 Figures, median of the runs: points/s as Kapacitor's client measured it (the scenario's point
 op); CPU a point: user + system CPU of the agent's whole process tree from the first point to
 the last output, over the points (every process sampled each 0.1 s, so one that ends meanwhile
-still counts); and the CPU a point of Kapacitor's own client, which shares the host.
+still counts); the same by process (the task's process, the shared server, Spark's JVM, Spark's
+Python workers), to see where a point's CPU goes; and the CPU a point of Kapacitor's own
+client, which shares the host.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,16 +85,41 @@ class HarnessRun:
     cpu_us_per_point: float = 0.0
     kapacitor_cpu_us_per_point: float = 0.0
     load_average: float = 0.0
+    # The same CPU a point by process (``role_of``): which of them the points cost.
+    cpu_us_per_point_by_process: dict[str, float] = field(default_factory=dict)
+
+
+def role_of(argv: list[str]) -> str:
+    """What a process of an agent's tree is, from its command line."""
+    line = " ".join(argv)
+    if "pyspark.daemon" in line or "pyspark.worker" in line:
+        return "Spark's Python workers"
+    if argv and (os.path.basename(argv[0]) == "java" or "spark-class" in line):
+        return "Spark's JVM"
+    if "shared-server" in argv:
+        return "shared server"
+    return "the task's process"
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+    except OSError:
+        return []
 
 
 class CPUTimeline:
     """CPU seconds of a changing set of processes over time, sampled on a thread: ``at(t)``
-    reads the total at a moment, from the samples either side."""
+    reads the total at a moment, from the samples either side; ``by_role(t0, t1)`` what each
+    kind of process (``role_of``) used between two moments."""
 
     def __init__(self, pids: Callable[[], list[int]]):
         self._pids = pids
         self._by_pid: dict[int, float] = {}
+        self.roles: dict[int, str] = {}  # each process's, from its command line when first seen
         self.samples: list[tuple[float, float]] = []
+        self._pid_samples: list[tuple[float, dict[int, float]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="harness-cpu", daemon=True)
         self._thread.start()
@@ -106,9 +133,24 @@ class CPUTimeline:
 
     def _sample(self) -> None:
         for pid in self._pids():
+            if pid not in self.roles:
+                self.roles[pid] = role_of(command_line(pid))
             # A process gone reads 0 and keeps what it used.
             self._by_pid[pid] = max(cpu_s(pid), self._by_pid.get(pid, 0.0))
-        self.samples.append((time.monotonic(), sum(self._by_pid.values())))
+        now = time.monotonic()
+        self.samples.append((now, sum(self._by_pid.values())))
+        self._pid_samples.append((now, dict(self._by_pid)))
+
+    def by_role(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds each role's processes used from ``start`` to ``end`` (the samples
+        nearest each moment)."""
+        nearest = lambda moment: min(self._pid_samples, key=lambda sample: abs(sample[0] - moment))[1]  # noqa: E731
+        before, after = nearest(start), nearest(end)
+        used: dict[str, float] = {}
+        for pid, cpu in after.items():
+            role = self.roles.get(pid, "the task's process")
+            used[role] = used.get(role, 0.0) + cpu - before.get(pid, 0.0)
+        return used
 
     def stop(self) -> None:
         self._stop.set()
@@ -162,6 +204,7 @@ def run_once(harness: str, scenario: str, command: AgentCommand, shared_dir: str
     run.cpu_s = agent.at(last_output) - agent.at(first_point)
     run.cpu_us_per_point = run.cpu_s / run.points * 1e6
     run.kapacitor_cpu_us_per_point = (kapacitor.at(last_output) - kapacitor.at(first_point)) / run.points * 1e6
+    run.cpu_us_per_point_by_process = {role: cpu / run.points * 1e6 for role, cpu in sorted(agent.by_role(first_point, last_output).items())}
     return run
 
 
@@ -218,7 +261,24 @@ def format_table(report: dict[str, Any]) -> str:
         ("CPU vs official, paired by round", "paired_cpu_vs_official", "{:.2f}×"),
         ("Kapacitor's client, CPU a point", "kapacitor_cpu_us_per_point", "{:.1f} µs"),
     ]
-    return "\n".join([heading, "", *markdown_table(report["table"], columns)])
+    lines = [heading, "", *markdown_table(report["table"], columns)]
+    by_process = [
+        (label, role, statistics.median(figures))
+        for label, runs in report["runs"].items()
+        for role, figures in _by_process(runs).items()
+    ]
+    if by_process:
+        lines += ["", "CPU a point by process (medians):", "", "| agent | process | CPU a point |", "| --- | --- | --- |"]
+        lines += [f"| {label} | {role} | {cpu:.2f} µs |" for label, role, cpu in by_process]
+    return "\n".join(lines)
+
+
+def _by_process(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {}
+    for run in runs:
+        for role, cpu in run.get("cpu_us_per_point_by_process", {}).items():
+            figures.setdefault(role, []).append(cpu)
+    return figures
 
 
 def main() -> int:

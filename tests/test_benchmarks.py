@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -239,3 +240,26 @@ def test_kapacitor_harness_reads_the_harness_log_and_gives_mirror_an_init_of_no_
     }
     ours = median_rows(runs, ("points_per_s", "cpu_us_per_point"))[1]
     assert (ours["points_per_s"], ours["rate_vs_official"], ours["cpu_vs_official"]) == (70.0, 1.4, 0.5)
+
+
+def test_kapacitor_harness_splits_a_trees_cpu_by_process_and_tells_each_by_its_command_line():
+    from benchmarks.kapacitor_harness import CPUTimeline, role_of
+
+    assert role_of(["/usr/bin/python3", "-m", "pyspark.daemon"]) == "Spark's Python workers"
+    assert role_of(["bash", "/venv/pyspark/bin/spark-class", "org.apache.spark.deploy.SparkSubmit"]) == "Spark's JVM"
+    assert role_of(["/venv/bin/python", "-m", "udf_agent", "shared-server", "--socket", "s"]) == "shared server"
+    assert role_of(["/venv/bin/python", "-u", "moving_avg.py"]) == "the task's process"
+    timeline = CPUTimeline(lambda: [os.getpid()])  # pytest itself: "the task's process"
+    try:
+        time.sleep(0.25)
+        start = time.monotonic()
+        spun_until = time.process_time() + 0.3  # CPU, not wall time: a busy machine spins as long
+        while time.process_time() < spun_until:
+            pass
+        time.sleep(0.25)
+        end = time.monotonic()
+    finally:
+        timeline.stop()
+    used = timeline.by_role(start, end)
+    assert list(used) == ["the task's process"]
+    assert 0.25 < used["the task's process"] < 0.6  # the 0.3 s spun, the samples 0.1 s apart
