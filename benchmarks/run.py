@@ -299,6 +299,16 @@ class Bench:
         self._keep(record, "baseline", theirs)
         self._throughput_rows("moving_avg", mine, theirs, ratio_at_least(3), ratio_at_least(1.5), warm)
         self._keepalive_rows("moving_avg", warm, theirs)
+        # The same flat out on the default deployment: the task's relay to a warm shared server.
+        with shared_directory("bench-shared-") as shared_dir:
+            self.say("udf-agent moving_avg (shared): warming the shared server")
+            warm_shared_server("moving_avg", shared_dir, init_frame(MOVING_AVG_OPTIONS))
+            default = self.flat_out(shared("moving_avg", shared_dir), MOVING_AVG_OPTIONS, workload)
+        self._keep(record, "ours, default deployment", default)
+        case = "moving_avg, default: relay + shared server"
+        figure = f"points/s steady, Spark warm ({COMPUTED_ON_SPARK})"
+        self.rows.append(make_row(case, figure, _figure(default, "steady_pps"), "points/s", _figure(theirs, "steady_pps"), ratio_at_least(3), _describe_failure("ours", default)))
+        self._keepalive_rows(case, default, theirs)
         if self.settings.kapacitor_src:
             for unbuffered in (True, False):
                 command, why = official_moving_avg(self.settings.kapacitor_src, unbuffered)

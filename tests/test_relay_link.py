@@ -233,3 +233,24 @@ def test_a_relay_that_does_not_keep_up_costs_log_records_never_a_wait_and_is_tol
     assert 0 < len(sent) < logged and all(record["message"] == "x" * 1000 for record in sent)
     assert notice["message"] == f"{logged - len(sent)} log record(s) of this task were not sent to its stderr: its relay did not keep up (the shared server's log has them)"
     assert (notice["taskID"], notice["levelno"]) == ("cpu_alert", logging.WARNING)
+
+
+def test_the_relay_queues_little_of_kapacitors_input_ahead_of_a_server_that_is_not_reading():
+    """A KeepaliveRequest waits behind whatever input sits between Kapacitor and the server's
+    reader: while the reader waits for compute, the relay's socket takes only a few tens of
+    KiB, and Kapacitor's writes wait in its pipe instead."""
+    from udf_agent.serve.relay import SERVER_SEND_BUFFER, _input_link
+    from udf_agent.serve.shared import Welcome
+
+    relay, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with relay, server:
+        sock = _input_link(Welcome(relay, 0, "", None, None, None))
+        sock.setblocking(False)
+        queued = 0
+        try:
+            while True:
+                queued += sock.send(b"\x00" * 4096)
+        except BlockingIOError:
+            pass
+    # Linux doubles the size asked for its own bookkeeping; unsized, a socket takes ~200 KiB.
+    assert 0 < queued <= 2 * SERVER_SEND_BUFFER
