@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -291,6 +292,7 @@ def main() -> int:
     parser.add_argument("--agents", default="official,moving_avg_py,moving_avg,mirror,own_spark", help="comma-separated, from the default (%(default)s) and moving_avg_py_own_spark")
     parser.add_argument("--kapacitor-git-dir", default=os.environ.get("KAPACITOR_GIT_DIR"), help="without --kapacitor-src: a git dir of influxdata/kapacitor whose udf/agent (--kapacitor-ref) is extracted into a temporary directory")
     parser.add_argument("--kapacitor-ref", default="v1.8.3", help="with --kapacitor-git-dir (default: %(default)s)")
+    parser.add_argument("--udf-agent-args", default="", help="options added to every 'udf-agent run' command line (moving_avg, mirror, own_spark, pandas_per_group), e.g. \"--gather 50ms\"")
     parser.add_argument("--json", default=DEFAULT_JSON, help="where the results go (default: %(default)s)")
     args = parser.parse_args()
     if not args.harness or not os.access(args.harness, os.X_OK):
@@ -307,10 +309,16 @@ def main() -> int:
     agents: dict[str, tuple[AgentCommand | None, str, bool, bool]] = {}
     official, why = official_moving_avg(args.kapacitor_src, unbuffered=True, python=args.official_python) if args.kapacitor_src else (None, "no --kapacitor-src")
     agents["official"] = (official, why, False, True)
-    agents["moving_avg"] = (AgentCommand("udf-agent run moving_avg", [python, "-m", "udf_agent", "run", "moving_avg"], cwd=REPO), "", True, True)
-    agents["mirror"] = (AgentCommand("udf-agent run mirror", [python, "-m", "udf_agent", "run", "mirror"], cwd=REPO), "", True, False)
-    agents["pandas_per_group"] = (AgentCommand("udf-agent run examples.moving_avg_pandas:moving_avg", [python, "-m", "udf_agent", "run", "examples.moving_avg_pandas:moving_avg"], cwd=REPO), "", True, True)
-    agents["own_spark"] = (AgentCommand("udf-agent run moving_avg --own-spark", [python, "-m", "udf_agent", "run", "moving_avg", "--own-spark"], cwd=REPO), "", False, True)
+    extra = shlex.split(args.udf_agent_args)
+
+    def udf_agent_run(target: str, *options: str) -> AgentCommand:
+        argv = ["run", target, *options, *extra]
+        return AgentCommand(f"udf-agent {' '.join(argv)}", [python, "-m", "udf_agent", *argv], cwd=REPO)
+
+    agents["moving_avg"] = (udf_agent_run("moving_avg"), "", True, True)
+    agents["mirror"] = (udf_agent_run("mirror"), "", True, False)
+    agents["pandas_per_group"] = (udf_agent_run("examples.moving_avg_pandas:moving_avg"), "", True, True)
+    agents["own_spark"] = (udf_agent_run("moving_avg", "--own-spark"), "", False, True)
     script = os.path.join(args.kapacitor_src or "", "udf", "agent", "examples", "moving_avg", "moving_avg.py")
     script_why = "" if os.path.isfile(script) else (f"no {script}" if args.kapacitor_src else "no --kapacitor-src")
     # Our venv's python runs the unmodified script; no PYTHONPATH: kapacitor.udf.agent is udf-agent's.
