@@ -62,23 +62,15 @@ KEEPALIVE_KEY = (3 << 3) | 2
 
 def count_frames(data: bytes, uncounted_key: int) -> int:
     """The frames of ``data`` (whole frames only) but those whose body starts with the byte
-    ``uncounted_key``. A length of one byte (a body under 128 bytes) is read inline. The
-    compiled twin: ``scanner.count_frames``."""
+    ``uncounted_key``. The compiled twin: ``scanner.count_frames``."""
     count = 0
     pos, size = 0, len(data)
     while pos < size:
         length = data[pos]
-        pos += 1
-        if length >= 0x80:
-            length &= 0x7F
-            shift = 7
-            while True:
-                byte = data[pos]
-                pos += 1
-                length |= (byte & 0x7F) << shift
-                if byte < 0x80:
-                    break
-                shift += 7
+        if length < 0x80:  # a body under 128 bytes: its length read inline
+            pos += 1
+        else:
+            length, pos = read_varint(data, pos)
         if not length or data[pos] != uncounted_key:
             count += 1
         pos += length
