@@ -376,6 +376,7 @@ class Relay:
             except OSError:
                 pass
 
+
 def _input_link(welcome: Welcome) -> socket.socket:
     """The server's connection, its send buffer sized to hold little of the task's input."""
     welcome.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SERVER_SEND_BUFFER)

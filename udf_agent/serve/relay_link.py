@@ -28,6 +28,7 @@ from udf_agent.runtime.connection import Deadline, WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.transports import SocketConnection, no_deadline
 from udf_agent.runtime.writer import LinkMessage, Writer
+from udf_agent.wire import hotpath
 from udf_agent.wire.frames import KEEPALIVE_KEY
 from udf_agent.wire.links import HEADER, LENGTH, message
 
@@ -129,9 +130,8 @@ class RelayedConnection(SocketConnection):
             super().write(queued + data, deadline)
             return
         if data:
-            from udf_agent.wire.hotpath import kernels  # the server's: the relay never loads numba
-
-            queued += output_message(data, kernels().count_frames(data, KEEPALIVE_KEY))
+            # Compiled once the server's scanner has loaded (the relay, which never writes here, never loads it).
+            queued += output_message(data, hotpath.kernels().count_frames(data, KEEPALIVE_KEY))
         if not queued:
             return
         try:
