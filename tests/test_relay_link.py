@@ -254,3 +254,48 @@ def test_the_relay_queues_little_of_kapacitors_input_ahead_of_a_server_that_is_n
             pass
     # Linux doubles the size asked for its own bookkeeping; unsized, a socket takes ~200 KiB.
     assert 0 < queued <= 2 * SERVER_SEND_BUFFER
+
+
+def test_the_relay_lets_kapacitors_full_output_pipe_drain_before_writing_again(monkeypatch):
+    """Kapacitor reads a UDF's output 4 KiB at a time. A relay that wrote again as soon as its
+    full pipe had room would wake (and write) once for each of those reads; it waits for the
+    pipe to drain a while instead, and still delivers every byte in order."""
+    import types
+
+    from udf_agent.runtime.transports import PIPE_SIZE, size_pipe
+    from udf_agent.serve import relay
+
+    writes = 0
+
+    def counted_write(fd: int, data: memoryview) -> int:
+        nonlocal writes
+        writes += 1
+        return os.write(fd, data)
+
+    monkeypatch.setattr(relay, "os", types.SimpleNamespace(write=counted_write))
+    read_fd, write_fd = os.pipe()
+    size_pipe(write_fd, PIPE_SIZE)
+    os.set_blocking(write_fd, False)
+    data = bytes(range(256)) * (8 * PIPE_SIZE // 256)
+    received = bytearray()
+    reads = 0
+
+    def kapacitor_reading() -> None:
+        nonlocal reads
+        while len(received) < len(data):
+            received.extend(os.read(read_fd, 4096))
+            reads += 1
+            time.sleep(0.0002)
+
+    reader = threading.Thread(target=kapacitor_reading)
+    reader.start()
+    try:
+        relay.write_to_kapacitor(write_fd, data, threading.Event())
+        reader.join(timeout=30)
+    finally:
+        os.close(write_fd)
+        os.close(read_fd)
+    assert received == data
+    # Past the first pipeful, a write for each of Kapacitor's reads would be ~450 of them.
+    assert reads > 400
+    assert writes < reads // 4

@@ -31,7 +31,8 @@ from udf_agent.wire.guard import error_frame, keepalive_frame
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 4 * 1024 * 1024
+# A read takes at most what the pipe or socket holds (PASSTHROUGH_UNREAD_INPUT_BYTES at most).
+READ_SIZE = 1024 * 1024
 HEARTBEAT_INTERVAL = 0.25
 # Over the points budget the reader still reads this often, up to a tenth over it.
 TRICKLE_INTERVAL = 0.005
@@ -208,9 +209,10 @@ class Agent:
         # ourselves (a stop), or one that broke, is no truncated input.
         peer_ended = False
         pacer = ReadPacer()
+        buffer = memoryview(bytearray(READ_SIZE))
         try:
             while not self._stop_reading.is_set():
-                data = self.connection.read(READ_SIZE)
+                data = buffer[: self.connection.read_into(buffer)]
                 if not data:
                     self._input_ended()
                     peer_ended = not self._stop_reading.is_set()

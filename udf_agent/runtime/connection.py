@@ -19,7 +19,10 @@ class WriteTimeout(OSError):
 class Connection(Protocol):
     """A byte pipe to Kapacitor: stdin/stdout or one unix socket connection."""
 
-    def read(self, size: int) -> bytes: ...
+    def read_into(self, buffer: memoryview) -> int:
+        """Reads what has come, up to ``len(buffer)`` bytes, into ``buffer``; 0 at end of input.
+        One buffer reused for every read: a fresh bytes object of the read's size (MBs) costs
+        a mapping of memory and its page faults on every read."""
 
     def write(self, data: bytes, deadline: Deadline = ...) -> None:
         """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""

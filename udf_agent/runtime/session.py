@@ -184,7 +184,7 @@ class Session:
         over mid-frame). Safe to call from another thread, which is where it loads."""
         self._compiled_splitter = continuing
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | memoryview) -> None:
         """Bytes as read, cut anywhere. Frames are cut now and acted on by ``next_events``;
         bytes that break the framing fail the session after the frames before them."""
         if self._framing_error is not None:

@@ -90,14 +90,14 @@ class FdConnection:
         self._poller.register(read_fd, select.POLLIN)
         self._poller.register(self._wake_read, select.POLLIN)
 
-    def read(self, size: int) -> bytes:
+    def read_into(self, buffer: memoryview) -> int:
         while True:
             ready = {fd for fd, _ in self._poller.poll()}
             if self._wake_read in ready:
-                return b""
+                return 0
             if ready:
                 try:
-                    return os.read(self._read_fd, size)
+                    return os.readv(self._read_fd, [buffer])
                 except BlockingIOError:  # one socket for both ends, made non-blocking for writes
                     continue
 
@@ -137,8 +137,8 @@ class SocketConnection:
     def __init__(self, sock: socket.socket):
         self.sock = sock
 
-    def read(self, size: int) -> bytes:
-        return self.sock.recv(size)
+    def read_into(self, buffer: memoryview) -> int:
+        return self.sock.recv_into(buffer)
 
     def limit_unread_input(self, size: int) -> None:
         # A unix stream socket queues what the peer sends against the peer's send buffer,

@@ -54,7 +54,7 @@ class SharedSessions:
         self.metrics: tuple[str, str] | None = None
 
     def __call__(self, connection: SocketConnection) -> Agent:
-        line = read_line(connection.read)
+        line = read_line(connection.sock.recv)
         if line is None:
             raise SessionRefused("the connection closed before its handshake")
         try:

@@ -134,7 +134,7 @@ class FrameSplitter:
         """Bytes received that do not yet complete a frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
         """The bodies of the frames ``data`` completes, in order."""
         if data:
             self._buffer += data

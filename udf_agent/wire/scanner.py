@@ -315,7 +315,7 @@ class FastFrameSplitter(FrameSplitter):
     for the reference path to report.
     """
 
-    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
+    def feed(self, data: bytes | memoryview) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
         if data:
             self._buffer += data
         pieces: list[Piece] = []
@@ -369,7 +369,7 @@ class RequestRunSplitter(FrameSplitter):
     code and comes out as one ``RequestRun``, never cut into bodies; any other frame comes
     out as its body, as from ``FrameSplitter`` (its twin, which also reports broken framing)."""
 
-    def feed(self, data: bytes) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
+    def feed(self, data: bytes | memoryview) -> list[Piece]:  # type: ignore[override]  # pieces, not only bodies
         if data:
             self._buffer += data
         buffer = self._buffer
