@@ -265,7 +265,7 @@ def test_gather_reaches_the_agent_and_its_session():
     ours, theirs = socket.socketpair()
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(agent_options))
-        assert agent.flush_policy.gather == pytest.approx(0.02) != GATHER
+        assert agent.inbox.flush_policy.gather == pytest.approx(0.02) != GATHER
 
 
 @pytest.mark.parametrize("command", ["run", "serve", "replay"])

@@ -1,10 +1,11 @@
-"""One agent per Kapacitor connection: a reader, a compute thread, one writer.
+"""One agent per Kapacitor connection: it starts, drains and stops three threads.
 
-The reader never waits on compute: it splits frames, answers keepalives and
-management requests at once, and hands closed micro-batches to the compute
-thread in order, which runs each on its ``MicroBatchRunner`` (``runner.py``). Past a budget of points waiting for compute it stops
-reading (backpressure) and sends heartbeat KeepaliveResponses meanwhile, so
-Kapacitor's watchdog never fires. The writer is the only thread that writes.
+The reader (``inbox.Inbox``, which owns the protocol session) never waits on compute: it
+answers keepalives and management requests at once and queues work in input order on the
+``WorkQueue``, whose Condition is the agent's one lock. The compute thread takes that work and
+runs each micro-batch on its ``MicroBatchRunner`` (``runner.py``), holding no lock while it
+computes. The writer is the only thread that writes. The agent itself keeps the deadlines: the
+drain after input ends and the reply to a protocol error.
 """
 
 from __future__ import annotations
@@ -19,31 +20,21 @@ from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.flushing import FlushPolicy
+from udf_agent.runtime.inbox import Inbox
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
-from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink, MicroBatchRunner, UDFError
-from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.runner import CheckpointSink, MicroBatchRunner, UDFError
+from udf_agent.runtime.session import Emit, Session, Started
+from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, InitReply, WorkQueue
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
-from udf_agent.wire.guard import error_frame, keepalive_frame
+from udf_agent.wire.guard import error_frame
 
 log = logging.getLogger(__name__)
 
-# A read takes at most what the pipe or socket holds (PASSTHROUGH_UNREAD_INPUT_BYTES at most).
-READ_SIZE = 1024 * 1024
-HEARTBEAT_INTERVAL = 0.25
-# Over the points budget the reader still reads this often, up to a tenth over it.
-TRICKLE_INTERVAL = 0.005
 # The longest an InitResponse waits for the hot path (compiled scanner and point
 # codec) to load; numba's first compile on a new machine can take longer.
 HOT_PATH_WAIT = 3.0
-# Input the peer may queue unread: a keepalive request waits behind all of it. A UDF computed
-# elsewhere takes input at ~40 MB/s here (1 MiB: ~25 ms), a passthrough one several times faster.
-UNREAD_INPUT_BYTES = 256 * 1024
-PASSTHROUGH_UNREAD_INPUT_BYTES = 1024 * 1024
-
 
 # After a protocol error, accepted work gets this long before the ErrorResponse goes out
 # anyway: Kapacitor's keepalive watchdog (10 s in its sample configuration) must not fire
@@ -57,32 +48,20 @@ class Agent:
 
     def __init__(self, spec: UDFSpec | None, connection: Connection, engines: Engines, config: AgentConfig | None = None, checkpoints: CheckpointSink | None = None):
         self.config = config or AgentConfig()
-        self._checkpoints = checkpoints
-        self._next_checkpoint_at = time.monotonic() + CHECKPOINT_INTERVAL
-        self._checkpointed_bytes = 0
         self.connection = connection
         self.engines = engines
         self.spec: UDFSpec | None = None
-        # Until the spec is known, the session answers keepalives and keeps the rest.
-        self.session = Session(
-            None, max_batch_points=self.config.max_batch_points, max_frame_size=self.config.max_frame_size, allow_modules=self.config.allow_modules,
-        )
-        self.flush_policy = FlushPolicy(self.config.flush_interval, self.config.gather, self.config.adaptive_flush)
         # Its Condition guards the session's protocol state too: one order for everything computed.
         self._work = WorkQueue()
         self._cond = self._work.cond
         # Kapacitor's task and node IDs (from the InitRequest) and the UDF: named by every line this task logs.
         self.labels = TaskLabels()
         self.writer = Writer(connection, self.labels)
-        self._reader: threading.Thread | None = None
+        self.stats = TaskStats()
+        self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, checkpoints)
         # The compute thread's side: what it owns, no one else touches.
-        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.session.guard, self.labels, checkpoints)
+        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session.guard, self.labels, self.stats, checkpoints)
         self.groups = self.runner.groups
-        self.stats = self.runner.stats
-        self._passed_out = 0  # passthrough points sent (the reader's count; the compute thread counts the rest)
-        self._stop_reading = threading.Event()
-        self._stop_reason: str | None = None
-        self._compute_done = threading.Event()
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
@@ -95,11 +74,13 @@ class Agent:
 
     # ---- entry point ----
 
+    @property
+    def session(self) -> Session:
+        return self.inbox.session
+
     def start_reading(self) -> None:
         """Starts the reader now; until the spec arrives it answers keepalives only."""
-        if self._reader is None:
-            self._reader = threading.Thread(target=in_task(self.labels, self._read_loop), name="reader", daemon=True)
-            self._reader.start()
+        self.inbox.start(self.labels)
 
     def run(self, spec: UDFSpec | None = None) -> int:
         """Serves the connection until Kapacitor closes it; returns the exit code."""
@@ -139,9 +120,9 @@ class Agent:
         the ErrorResponse of a protocol error if there was one."""
         with self._cond:
             self.runner.abandoned = True
-            not_computed = self.runner.computing + self._points_waiting()
+            not_computed = self.runner.computing + self.inbox.points_waiting()
             self._work.clear()
-            self._compute_done.set()
+            self.inbox.compute_done.set()
             self._cond.notify_all()
         if self._failure is not None:
             self.exit_code = 1
@@ -166,113 +147,59 @@ class Agent:
             )
 
     def _adopt(self, spec: UDFSpec) -> None:
-        self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
         self.runner.adopt(spec)
         with self._cond:
             self.spec = spec
             self.labels.udf = spec.name
-            self._dispatch(self.session.adopt(spec, time.monotonic()))
-            self._cond.notify_all()
+        self.inbox.adopt(spec)
 
     def stop_reading(self, reason: str | None = None) -> None:
         """Treats input as ended: what was accepted is computed and sent (within the drain
         timeout), then ``reason``, if given, as an ErrorResponse, and the agent ends."""
+        self.inbox.stop(reason)
         with self._cond:
-            if self._stop_reason is None:
-                self._stop_reason = reason
-        self._stop_reading.set()
-        self._input_ended()
+            self.input_ended()
         self.connection.abort_read()
 
-    def _input_ended(self) -> None:
+    # ---- what the inbox tells (holding the lock) ----
+
+    def input_ended(self) -> None:
         """Starts the drain: from now on nothing may take longer than the drain timeout."""
-        with self._cond:
-            if self._drain_deadline is None:
-                self._drain_deadline = time.monotonic() + self.config.drain_timeout
-                self.writer.drain_by(self._drain_deadline)
-                self._compute_watch.set()
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.config.drain_timeout
+            self.writer.drain_by(self._drain_deadline)
+            self._compute_watch.set()
 
-    # ---- reader ----
+    def failed(self, message: str) -> None:
+        self.stats.last_error = message
+        if self._failure is None:
+            self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
+            self._compute_watch.set()
 
-    def _read_loop(self) -> None:
-        try:
-            self._read()
-        except BaseException as exc:  # a dead reader would leave the task hanging
-            log.exception("internal error in the reader")
-            with self._cond:
-                self._work.put(Finish(f"udf-agent internal error: {type(exc).__name__}: {exc}"))
-                self._cond.notify_all()
+    def checkpoint_interval(self) -> float:
+        return self.runner.checkpoint_interval
 
-    def _read(self) -> None:
-        session = self.session
-        # Only an end of input the peer made can cut a frame short: a read side we shut down
-        # ourselves (a stop), or one that broke, is no truncated input.
-        peer_ended = False
-        pacer = ReadPacer()
-        buffer = memoryview(bytearray(READ_SIZE))
-        try:
-            while not self._stop_reading.is_set():
-                data = buffer[: self.connection.read_into(buffer)]
-                if not data:
-                    self._input_ended()
-                    peer_ended = not self._stop_reading.is_set()
-                    break
-                pause = pacer.after_read(len(data), time.monotonic())
-                # Cut outside the lock: only this thread touches the session's input buffer.
-                session.receive_data(data)
-                while session.frames_waiting:
-                    if not self._act_on_input():
-                        return
-                if self._checkpoints is not None:
-                    self._checkpoint_if_due()
-                self._wait_for_room()
-                if session.input_broken:
-                    self._act_on_input()  # the framing error, after the frames before it
-                    return
-                if pause:
-                    time.sleep(pause)  # input is flowing in small reads: let it gather
-        except OSError as exc:
-            self._input_ended()
-            if not self._stop_reading.is_set():
-                log.error("cannot read from Kapacitor: %s", exc)
-        with self._cond:
-            self._session_ready()
-            if not self._dispatch(session.receive_eof(time.monotonic(), truncated_ok=not peer_ended)):
-                return
-            # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
-            self._work.put(Finish(self._stop_reason, code=0))
-            self._cond.notify_all()
-
-    def _checkpoint_if_due(self) -> None:
-        """Queues a checkpoint of what was read so far once one is due (by time or input)."""
-        now = time.monotonic()
-        if now < self._next_checkpoint_at and self.session.bytes_acted_on - self._checkpointed_bytes < CHECKPOINT_INPUT_BYTES:
-            return
-        with self._cond:
-            events = self.session.checkpoint()
-            if events:
-                self._dispatch(events)
-                self._checkpointed_bytes = self.session.bytes_acted_on
-                self._next_checkpoint_at = now + self.runner.checkpoint_interval
-
-    def _act_on_input(self) -> bool:
-        """Acts on a slice of the frames read, under the lock (briefly: the compute thread
-        must never wait for it long); False once the session has failed."""
-        with self._cond:
-            now = time.monotonic()
-            alive = self._dispatch(self.session.next_events(now))
-            self._work.wake_for(self._micro_batch_due(now))
-        return alive
-
-    def _micro_batch_due(self, now: float) -> float | None:
-        """When the compute thread, idle, takes the open micro-batch (caller holds ``_cond``)."""
-        opened = self.session.open_micro_batch()
-        return None if opened is None else self.flush_policy.due(*opened, now)
+    def started(self, event: Started) -> None:
+        self.runner.options = event.options
+        self.labels.task_id, self.labels.node_id = event.task_id, event.node_id
+        # What the task runs: the UDF a stream_fn or batch_fn target named, from its Init on.
+        self.spec = self.session.spec
+        self.runner.adopt(self.spec)
+        self.labels.udf = self.spec.name
+        if event.reply is None:
+            log.info("task %s node %s: Kapacitor Handler script %s: its Init goes to its handler", event.task_id or "?", event.node_id or "?", self._loaded()[0].name)
+        else:
+            log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
+        self.engines.warm_up(self._loaded()[0])
+        loader = threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True)
+        loader.start()
+        if event.reply is not None:  # else a Handler script's handler answers the Init
+            self._work.put(InitReply(event.reply, loader))
 
     def status(self) -> dict[str, Any]:
         """The task as ``udf-agent status`` shows it."""
         found = self.stats.snapshot()
-        found["points_out"] += self._passed_out
+        found["points_out"] += self.inbox.passed_out
         found["falling_behind"] = self.falling_behind()
         return {"taskID": self.labels.task_id, "nodeID": self.labels.node_id, "udf": self.labels.udf, **found, "groups": len(self.groups)}
 
@@ -294,98 +221,6 @@ class Agent:
         """The UDF and its session, known before any work reaches the compute thread."""
         assert self.spec is not None
         return self.spec, self.session
-
-    def _session_ready(self) -> None:
-        """Waits (caller holds ``_cond``) until the spec is known."""
-        while not self.session.adopted:
-            self._cond.wait()
-
-    def _dispatch(self, events: list[Event]) -> bool:
-        """Acts on session events (caller holds ``_cond``); False once the session has failed.
-
-        Work is appended under the same lock that produced it, whether the reader
-        or the flush timer closed it, so micro-batches are computed in order.
-        """
-        alive = True
-        if not events:
-            return alive
-        for event in events:
-            # The caller holds the agent's lock: nothing here may wait on the writer.
-            if isinstance(event, Send):
-                self.writer.send(event.frame, urgent=event.urgent, wait=False)
-                if event.asked_at is not None:
-                    self.stats.keepalive_answered(event.asked_at)
-            elif isinstance(event, Emit):
-                self.stats.received(event.points, time.monotonic())
-                self._passed_out += event.points
-                # Behind the output of micro-batches still being computed, else straight out;
-                # with the output queue full, the compute thread waits for room instead.
-                if not self._work.idle() or self.writer.full():
-                    self._work.put(event)
-                else:
-                    self.writer.send(event.frames, wait=False)
-            elif isinstance(event, Started):
-                self._start(event)
-            elif isinstance(event, (Compute, TakeSnapshot, Restore, TakeCheckpoint)):
-                if isinstance(event, Compute):
-                    self.stats.received(event.batch.count, time.monotonic())
-                self._work.put(event)
-            elif isinstance(event, Fail):
-                log.error("protocol error: %s", event.message)
-                message = f"protocol error: {event.message}"
-                self.stats.last_error = message
-                if self._failure is None:
-                    self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
-                    self._compute_watch.set()
-                self._work.put(Finish(message))
-                alive = False
-        self._cond.notify_all()
-        return alive
-
-    def _wait_for_room(self) -> None:
-        """Past the budget of waiting points, not reading is the backpressure: Kapacitor's
-        writes block, and heartbeats keep its watchdog fed meanwhile.
-
-        Until the budget is overshot by a tenth, one more read is let through every
-        ``TRICKLE_INTERVAL``: a KeepaliveRequest queued behind the input is then answered
-        within that, not once compute has made room (a micro-batch later, ~100 ms)."""
-        with self._cond:
-            budget = self.config.max_pending_points
-            trickle_at = time.monotonic() + TRICKLE_INTERVAL
-            heartbeat_at = time.monotonic() + HEARTBEAT_INTERVAL
-            while (waiting := self._points_waiting()) >= budget and not self._compute_done.is_set() and not self._stop_reading.is_set():
-                # Input left unread has an end already: the drain deadline starts now, not
-                # when compute has made room for the reader to get there.
-                if self._drain_deadline is None and self.connection.input_closed():
-                    self._input_ended()
-                now = time.monotonic()
-                trickle = waiting < budget + budget // 10
-                if trickle and now >= trickle_at:
-                    return
-                if now >= heartbeat_at:
-                    self.writer.send(keepalive_frame(time.time_ns()), urgent=True)
-                    heartbeat_at = now + HEARTBEAT_INTERVAL
-                self._cond.wait(min(trickle_at if trickle else heartbeat_at, heartbeat_at) - now)
-
-    def _points_waiting(self) -> int:
-        return self._work.points() + self.session.pending_points()
-
-    def _start(self, event: Started) -> None:
-        self.runner.options = event.options
-        self.labels.task_id, self.labels.node_id = event.task_id, event.node_id
-        # What the task runs: the UDF a stream_fn or batch_fn target named, from its Init on.
-        self.spec = self.session.spec
-        self.runner.adopt(self.spec)
-        self.labels.udf = self.spec.name
-        if event.reply is None:
-            log.info("task %s node %s: Kapacitor Handler script %s: its Init goes to its handler", event.task_id or "?", event.node_id or "?", self._loaded()[0].name)
-        else:
-            log.info("task %s node %s: UDF %s initialised with %s", event.task_id or "?", event.node_id or "?", self._loaded()[0].name, dict(event.options.raw()))
-        self.engines.warm_up(self._loaded()[0])
-        loader = threading.Thread(target=in_task(self.labels, self._load_hot_path), name="hot-path", daemon=True)
-        loader.start()
-        if event.reply is not None:  # else a Handler script's handler answers the Init
-            self._work.put(InitReply(event.reply, loader))
 
     def _reply_when_loaded(self, item: InitReply) -> None:
         """Sends the InitResponse once the hot path is loaded (or HOT_PATH_WAIT passed), so
@@ -418,7 +253,7 @@ class Agent:
     def _compute_loop(self) -> None:
         try:
             while True:
-                item = self._work.take(self._micro_batch_due, self._close_due, lambda: self.runner.abandoned)
+                item = self._work.take(self.inbox.micro_batch_due, self.inbox.close_micro_batch, lambda: self.runner.abandoned)
                 if isinstance(item, Finish):
                     self._finish(item.error, item.code)
                     return
@@ -436,16 +271,12 @@ class Agent:
         finally:
             self._compute_watch.set()  # the runner's wait ends
 
-    def _close_due(self) -> None:
-        """The open micro-batch goes to compute: it is due (caller holds ``_cond``)."""
-        self._dispatch(self.session.flush())
-
     def _finish(self, error: str | None, code: int = 1) -> None:
         if error is not None:
             self.stats.last_error = error
-        self._stop_reading.set()
+        self.inbox.stop()
         with self._cond:
-            self._compute_done.set()
+            self.inbox.compute_done.set()
             self._cond.notify_all()
             if self.runner.abandoned:
                 return

@@ -73,7 +73,7 @@ class MicroBatchRunner:
     """Runs a task's work items, one at a time, on the compute thread; UDFError when the
     task cannot go on."""
 
-    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, guard: OutputGuard, labels: TaskLabels, checkpoints: CheckpointSink | None = None):
+    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, guard: OutputGuard, labels: TaskLabels, stats: TaskStats, checkpoints: CheckpointSink | None = None):
         self.config = config
         self.engines = engines
         self.writer = writer
@@ -81,7 +81,7 @@ class MicroBatchRunner:
         self.labels = labels
         self.checkpoints = checkpoints
         self.groups = GroupStore(config.max_groups)
-        self.stats = TaskStats()
+        self.stats = stats  # the reader counts what comes in, this what goes out
         self.spec: UDFSpec | None = None
         self.options: OptionValues | None = None  # set by a successful Init, before any work
         self.handler: HandlerTask | None = None  # a Kapacitor Handler script's task
