@@ -435,6 +435,27 @@ def test_snapshot_request_with_nothing_pending_is_only_take_snapshot():
     assert kinds(drive(started(), [snapshot()])) == ["TakeSnapshot"]
 
 
+def test_the_snapshot_taken_for_a_request_comes_out_as_its_reply_once():
+    """The compute side hands the session the state it took; the session says what to send,
+    as for every other reply, and never answers a request twice."""
+    s = started()
+    drive(s, [snapshot()])
+    events = s.snapshot_taken(b"state")
+    assert kinds(events) == ["Send"]
+    assert decode(events[0].frame).snapshot.snapshot == b"state"
+    assert s.snapshot_taken(b"again") == []
+
+
+def test_a_restore_comes_out_as_its_reply_done_or_refused():
+    s = started()
+    drive(s, [restore(b"one"), restore(b"two")])
+    done = decode(s.restored(None)[0].frame).restore
+    refused = decode(s.restored("restore refused: not ours")[0].frame).restore
+    assert (done.success, done.error) == (True, "")
+    assert (refused.success, refused.error) == (False, "restore refused: not ours")
+    assert s.restored(None) == []
+
+
 def test_restore_request_closes_the_pending_micro_batch_first():
     s = started()
     drive(s, [point(1)])

@@ -60,7 +60,7 @@ class Agent:
         self.stats = TaskStats()
         self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, checkpoints)
         # The compute thread's side: what it owns, no one else touches.
-        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session.guard, self.labels, self.stats, checkpoints)
+        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, checkpoints)
         self.groups = self.runner.groups
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None

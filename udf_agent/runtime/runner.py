@@ -14,20 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.runtime.logs import TaskLabels
-from udf_agent.runtime.session import Compute, Restore, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.session import Compute, Event, Restore, Send, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
 from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
-from udf_agent.wire.guard import OutputGuard
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
     import pyarrow as pa
@@ -55,6 +53,15 @@ class CheckpointSink(Protocol):
     def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
 
 
+class Replies(Protocol):
+    """The session's side of the replies the compute thread's work answers: the frames to send
+    (``Session``; each refused unless Kapacitor awaits it)."""
+
+    def snapshot_taken(self, snapshot: bytes) -> list[Event]: ...
+
+    def restored(self, error: str | None) -> list[Event]: ...
+
+
 class UDFError(RuntimeError):
     """A UDF call or a compute job failed: the task cannot go on."""
 
@@ -73,11 +80,11 @@ class MicroBatchRunner:
     """Runs a task's work items, one at a time, on the compute thread; UDFError when the
     task cannot go on."""
 
-    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, guard: OutputGuard, labels: TaskLabels, stats: TaskStats, checkpoints: CheckpointSink | None = None):
+    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, replies: Replies, labels: TaskLabels, stats: TaskStats, checkpoints: CheckpointSink | None = None):
         self.config = config
         self.engines = engines
         self.writer = writer
-        self.guard = guard
+        self.replies = replies
         self.labels = labels
         self.checkpoints = checkpoints
         self.groups = GroupStore(config.max_groups)
@@ -258,14 +265,15 @@ class MicroBatchRunner:
         (Kapacitor may send Restore after a refused Init)."""
         return self.options.raw() if self.options is not None else None
 
-    def _reply(self, response: udf_pb2.Response) -> None:
-        frame = self.guard.reply(response)
-        if frame is not None:
-            self.writer.send(frame)
+    def _send(self, replies: list[Event]) -> None:
+        """The session's replies, behind the output before them."""
+        for reply in replies:
+            assert isinstance(reply, Send)
+            self.writer.send(reply.frame)
 
     def _snapshot(self) -> None:
         data = self.groups.snapshot(self._loaded().name, self._options_fingerprint())
-        self._reply(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=data)))
+        self._send(self.replies.snapshot_taken(data))
 
     def _checkpoint(self, item: TakeCheckpoint) -> None:
         """The task's state after everything before ``item``, to its relay, behind that input's output."""
@@ -287,17 +295,16 @@ class MicroBatchRunner:
         spec = self._loaded()
         if self.handler is not None:  # a relay's checkpoint (a Handler's own restores go to it)
             self.handler.adopt(data)
-            self._reply(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=True)))
+            self._send(self.replies.restored(None))
             return
         try:
             restored = self.groups.restore(spec.name, data, self._options_fingerprint())
         except SnapshotError as exc:
             log.error("restore refused: %s", exc)
-            response = udf_pb2.RestoreResponse(success=False, error=f"restore refused: {exc}")
+            self._send(self.replies.restored(f"restore refused: {exc}"))
         else:
             log.info("restored state of %d group(s)", restored)
-            response = udf_pb2.RestoreResponse(success=True)
-        self._reply(udf_pb2.Response(restore=response))
+            self._send(self.replies.restored(None))
 
 
 def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes], rows: Sequence[int]) -> list[int]:

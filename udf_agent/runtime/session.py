@@ -339,6 +339,16 @@ class Session:
         """The open micro-batch goes to compute now."""
         return self._close_pending()
 
+    def snapshot_taken(self, snapshot: bytes) -> list[Event]:
+        """The compute side took the state a ``TakeSnapshot`` asked for: the SnapshotResponse
+        to send (none if no SnapshotRequest awaits one)."""
+        return self._answer(udf_pb2.Response(snapshot=udf_pb2.SnapshotResponse(snapshot=snapshot)))
+
+    def restored(self, error: str | None) -> list[Event]:
+        """The compute side acted on a ``Restore``: the RestoreResponse to send, its failure
+        ``error`` if it refused the snapshot (none if no RestoreRequest awaits one)."""
+        return self._answer(udf_pb2.Response(restore=udf_pb2.RestoreResponse(success=error is None, error=error or "")))
+
     def finish(self) -> list[Event]:
         """End of input: everything accepted goes to compute."""
         if self._open_batch is not None:
@@ -356,6 +366,10 @@ class Session:
 
     def _reply(self, response: udf_pb2.Response, kind: str) -> list[Event]:
         self.guard.expect(kind)
+        return self._answer(response)
+
+    def _answer(self, response: udf_pb2.Response) -> list[Event]:
+        """The reply to a request that awaits it (the guard refuses any other)."""
         frame = self.guard.reply(response)
         return [Send(frame)] if frame is not None else []
 
