@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from udf_agent import udf_pb2
 from udf_agent.cli import main as cli
 from udf_agent.compute.handlers import CHECKPOINT_MAGIC, HandlerHosts, HandlerLog, capture
-from udf_agent.runtime.session import Compute, Send, Session, Started
+from udf_agent.runtime.events import Compute, Send, Started
+from udf_agent.runtime.session import Session
 from udf_agent.targets import TargetError, resolve_target
 from udf_agent.testing import KapacitorDriver, SocketDriver, option
 from udf_agent.wire.batches import HandlerMicroBatch

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import moving_avg, outliers
-from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started, TakeSnapshot
+from udf_agent.runtime.events import Compute, Emit, Fail, Restore, Send, Started, TakeSnapshot
+from udf_agent.runtime.session import Session
 from udf_agent.testing import option
 from udf_agent.wire.frames import FrameDecoder, FrameSplitter, PointRun, ProtocolError, encode_frame, parse_message
 from udf_agent.wire.scanner import FastFrameSplitter

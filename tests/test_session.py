@@ -17,8 +17,9 @@ import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
+from udf_agent.runtime.events import Compute, Emit, Fail, Restore, Send, Started
 from udf_agent.runtime.flushing import FLOWING_POINTS, FlushPolicy
-from udf_agent.runtime.session import Compute, Emit, Fail, Restore, Send, Session, Started
+from udf_agent.runtime.session import Session
 from udf_agent.targets import FUNCTION_TARGETS
 from udf_agent.testing import grouped_point, option
 from udf_agent.wire.batches import BatchMicroBatch, StreamMicroBatch

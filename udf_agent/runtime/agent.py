@@ -20,10 +20,11 @@ from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
+from udf_agent.runtime.events import Emit, Started
 from udf_agent.runtime.inbox import Inbox
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.runner import CheckpointSink, MicroBatchRunner, UDFError
-from udf_agent.runtime.session import Emit, Session, Started
+from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, InitReply, WorkQueue
 from udf_agent.runtime.writer import Writer

@@ -19,11 +19,12 @@ from typing import Protocol
 from udf_agent.api import UDFSpec
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
+from udf_agent.runtime.events import Compute, Emit, Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.flushing import FlushPolicy
 from udf_agent.runtime.logs import TaskLabels, in_task
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink
-from udf_agent.runtime.session import Compute, Emit, Event, Fail, Restore, Send, Session, Started, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, WorkQueue
 from udf_agent.runtime.writer import Writer

@@ -16,14 +16,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-
-from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.api import BindError, UDFSpec
 from udf_agent.options import OptionValues, option_info, parse_options
-from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, KapacitorBatch, StreamMicroBatch
+from udf_agent.runtime.events import Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.intake import HandlerIntake, Intake, intake_for
 from udf_agent.wire.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     FrameSplitter,
@@ -34,8 +32,6 @@ from udf_agent.wire.frames import (
     encode_frame,
     encode_varint,
     parse_message,
-    point_frame,
-    point_group,
     request_point,
     varint_size,
 )
@@ -44,74 +40,6 @@ from udf_agent.wire.guard import OutputGuard, keepalive_frame
 log = logging.getLogger(__name__)
 
 _EDGE = {"stream": udf_pb2.STREAM, "batch": udf_pb2.BATCH}
-
-
-@dataclass(frozen=True)
-class Send:
-    """A frame to write now; urgent frames (keepalives) jump ahead of data."""
-
-    frame: bytes
-    urgent: bool = False
-    asked_at: int | None = None  # a keepalive answer: the time Kapacitor stamped it with (ns)
-
-
-@dataclass(frozen=True)
-class Emit:
-    """Output data, in order with the output of the micro-batches before it."""
-
-    frames: bytes
-    points: int = 1  # how many points it carries (they count against the pending budget)
-
-
-@dataclass(frozen=True)
-class Started:
-    """Init succeeded: the runtime warms up, then sends ``reply`` (the InitResponse).
-
-    Kapacitor sends no point before the InitResponse, so answering once the hot
-    path is loaded costs one wait at task start instead of slow first points.
-    """
-
-    options: OptionValues
-    reply: bytes | None  # None: a Handler script's handler makes it
-    task_id: str = ""
-    node_id: str = ""
-
-
-@dataclass(frozen=True)
-class Compute:
-    """A closed micro-batch, to be computed in arrival order."""
-
-    batch: StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch
-
-
-@dataclass(frozen=True)
-class TakeSnapshot:
-    """Reply to a SnapshotRequest once everything before it is computed."""
-
-
-@dataclass(frozen=True)
-class Restore:
-    snapshot: bytes
-
-
-@dataclass(frozen=True)
-class TakeCheckpoint:
-    """A relayed task's state once everything before it is computed, for its relay to carry
-    the task over to a new server: as of ``input_bytes`` bytes of input, each frame acted on."""
-
-    input_bytes: int
-    init_frame: bytes  # the task's InitRequest, to start it afresh
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The peer broke the protocol: the task must end with this error."""
-
-    message: str
-
-
-Event = Send | Emit | Started | Compute | TakeSnapshot | Restore | TakeCheckpoint | Fail
-
 
 # Frames acted on per ``next_events`` call: the runtime holds its lock for one call, and
 # its compute thread must never wait for the lock long.
@@ -137,8 +65,9 @@ class Session:
         self.options: OptionValues | None = None
         self.max_batch_points = max_batch_points
         self.failed = False
-        self._pending: StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch | None = None
-        self._open_batch: KapacitorBatch | None = None
+        # How the UDF's data is taken: chosen once the UDF is known (and again at a stream_fn
+        # or batch_fn target's Init, which names it).
+        self._intake = Intake("", max_batch_points, self.fail) if spec is None else intake_for(spec, max_batch_points, self.fail)
         self._splitter = FrameSplitter(max_frame_size)
         self._compiled_splitter: Callable[[FrameSplitter], FrameSplitter] | None = None
         self._pieces: deque[Piece] = deque()
@@ -163,6 +92,7 @@ class Session:
     def adopt(self, spec: UDFSpec, now: float) -> list[Event]:
         """The UDF is known: the requests kept until now are acted on, in order."""
         self._spec = spec
+        self._intake = intake_for(spec, self.max_batch_points, self.fail)
         early, self._early = self._early, []
         events: list[Event] = []
         for request in early:
@@ -244,7 +174,7 @@ class Session:
         if isinstance(piece, RequestRun):  # cut so only once a Handler script's session is adopted
             self._bytes_acted_on += len(piece.frames)
             self._frames_acted_on += piece.count
-            return self._for_handler(piece.frames, piece.count, now) if not self.failed else []
+            return self._handler().forward(piece.frames, piece.count, now) if not self.failed else []
         if isinstance(piece, PointRun):
             self._bytes_acted_on += len(piece.frames)
             first = self._frames_acted_on
@@ -254,7 +184,7 @@ class Session:
             # A Handler script's point goes to its handler as the frame it came in.
             self._frames_acted_on += 1
             self._bytes_acted_on += len(piece) + varint_size(len(piece))
-            return self._for_handler(encode_varint(len(piece)) + piece, 1, now) if not self.failed else []
+            return self._handler().forward(encode_varint(len(piece)) + piece, 1, now) if not self.failed else []
         self._frames_acted_on += 1
         self._bytes_acted_on += len(piece) + varint_size(len(piece))
         number = self._frames_acted_on
@@ -289,19 +219,19 @@ class Session:
         if kind == "point":
             return self.receive_point(request.point.SerializeToString(), now)
         if kind == "begin":
-            return self._begin(request.begin)
+            return self._require_init("a BeginBatch") or self._intake.begin(request.begin)
         if kind == "end":
-            return self._end(request.end, now)
+            return self._require_init("an EndBatch") or self._intake.end(request.end, now)
         if kind == "info":
             return self._reply(udf_pb2.Response(info=self.info()), kind)
         if kind == "init":
             return self._init(request.init)
         if kind == "snapshot":
             self.guard.expect(kind)
-            return [*self._close_pending(), TakeSnapshot()]
+            return [*self._intake.close_pending(), TakeSnapshot()]
         if kind == "restore":
             self.guard.expect(kind)
-            return [*self._close_pending(), Restore(request.restore.snapshot)]
+            return [*self._intake.close_pending(), Restore(request.restore.snapshot)]
         return self.fail("received an empty Request (no message set)")
 
     def info(self) -> udf_pb2.InfoResponse:
@@ -315,8 +245,7 @@ class Session:
 
     def pending_points(self) -> int:
         """Points accepted into the open micro-batch or the open Kapacitor batch."""
-        pending = self._pending.count if self._pending is not None else 0
-        return pending + (self._open_batch.rows.count if self._open_batch is not None else 0)
+        return self._intake.pending_points()
 
     @property
     def bytes_acted_on(self) -> int:
@@ -326,18 +255,18 @@ class Session:
         """A checkpoint of everything acted on so far (the open micro-batch closed for it), or
         nothing where none can be taken: before a successful Init, inside a Kapacitor batch,
         after a failure, with requests kept for ``adopt``."""
-        if self.failed or self._init_frame is None or self._open_batch is not None or self._early or not self.adopted:
+        if self.failed or self._init_frame is None or not self._intake.between_batches or self._early or not self.adopted:
             return []
-        return [*self._close_pending(), TakeCheckpoint(self._bytes_acted_on, self._init_frame)]
+        return [*self._intake.close_pending(), TakeCheckpoint(self._bytes_acted_on, self._init_frame)]
 
     def open_micro_batch(self) -> tuple[float, int] | None:
         """When the open micro-batch got its first point, and its points (None: none is open);
         when it goes to compute is ``flushing.FlushPolicy``'s to say."""
-        return None if self._pending is None else (self._pending.opened_at, self._pending.count)
+        return self._intake.open_micro_batch()
 
     def flush(self) -> list[Event]:
         """The open micro-batch goes to compute now."""
-        return self._close_pending()
+        return self._intake.close_pending()
 
     def snapshot_taken(self, snapshot: bytes) -> list[Event]:
         """The compute side took the state a ``TakeSnapshot`` asked for: the SnapshotResponse
@@ -351,16 +280,7 @@ class Session:
 
     def finish(self) -> list[Event]:
         """End of input: everything accepted goes to compute."""
-        if self._open_batch is not None:
-            log.warning(
-                "input ended inside batch %r of group %r: its %d point(s) were never closed by an "
-                "EndBatch and are not computed",
-                self._open_batch.name,
-                self._open_batch.group,
-                self._open_batch.rows.count,
-            )
-            self._open_batch = None
-        return self._close_pending()
+        return self._intake.finish()
 
     # ---- handlers ----
 
@@ -381,6 +301,7 @@ class Session:
         except BindError as exc:
             return self._init_failed(str(exc))
         self._spec = spec
+        self._intake = intake_for(spec, self.max_batch_points, self.fail)  # nothing was accepted before
         self.options = options
         self._init_frame = encode_frame(udf_pb2.Request(init=init))
         self.guard.expect("init")
@@ -404,32 +325,7 @@ class Session:
         """
         if self.failed:
             return []
-        if self.spec.handler is not None:
-            return self._for_handler(point_frame(point), 1, now)
-        refused = self._require_init("a Point")
-        if refused is not None:
-            return refused
-        if self._open_batch is not None:
-            self._open_batch.rows.append(point)
-            return []
-        if self.spec.wants != "stream":
-            return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
-        if self.spec.passthrough:
-            # Never hand Kapacitor back a point it could not parse.
-            try:
-                udf_pb2.Point.FromString(point)
-            except DecodeError as exc:
-                return self.fail(f"frame {frame_number}: the Point does not parse: {exc}" if frame_number else f"the Point does not parse: {exc}")
-            return [*self._close_pending(), Emit(point_frame(point))]
-        try:
-            group = point_group(point)
-        except ProtocolError as exc:
-            return self.fail(f"frame {frame_number}: {exc}" if frame_number else str(exc))
-        pending = self._stream_batch(now)
-        pending.append(group, point)
-        if pending.count >= self.max_batch_points:
-            return self._close_pending()
-        return []
+        return self._require_data_init() or self._intake.point(point, now, frame_number)
 
     def receive_point_run(self, run: PointRun, now: float, frames_before: int = 0) -> list[Event]:
         """Consecutive points as the compiled scanner found them (``frames.PointRun``).
@@ -439,112 +335,39 @@ class Session:
         """
         if self.failed:
             return []
-        if self.spec.handler is not None:
-            return self._for_handler(run.frames, run.count, now)
-        refused = self._require_init("a Point")
-        if refused is not None:
-            return refused
-        if self.spec.passthrough:
-            return [*self._close_pending(), Emit(run.frames, run.count)]
-        if self._open_batch is not None:
-            data = run.frames
-            rows = self._open_batch.rows
-            for start, end in run.points.tolist():
-                rows.append_prefixed(data[start:end])
-            return []
-        if self.spec.wants != "stream":
-            return self.fail(f"UDF {self.spec.name!r} wants batches, but a Point arrived outside BeginBatch/EndBatch")
-        from udf_agent.wire.scanner import first_invalid_group
+        return self._require_data_init() or self._intake.point_run(run, now, frames_before)
 
-        bad = first_invalid_group(run.frames, run.groups)
-        accepted = run.count if bad < 0 else bad
-        events: list[Event] = []
-        first = 0
-        while first < accepted:
-            pending = self._stream_batch(now)
-            stop = min(accepted, first + self.max_batch_points - pending.count)
-            pending.append_run(run.frames, run.points[first:stop], run.groups[first:stop])
-            if pending.count >= self.max_batch_points:
-                events.extend(self._close_pending())
-            first = stop
-        if bad >= 0:
-            return [*events, *self.fail(f"frame {frames_before + bad + 1}: Point.group is not valid UTF-8")]
-        return events
-
-    def _begin(self, begin: udf_pb2.BeginBatch) -> list[Event]:
-        refused = self._require_init("a BeginBatch")
-        if refused is not None:
-            return refused
-        if self.spec.wants != "batch":
-            return self.fail(f"UDF {self.spec.name!r} wants a stream, but a BeginBatch arrived")
-        if self._open_batch is not None:
-            return self.fail(f"BeginBatch for group {begin.group!r} arrived while batch {self._open_batch.group!r} was still open")
-        self._open_batch = KapacitorBatch(begin)
-        return []
-
-    def _end(self, end: udf_pb2.EndBatch, now: float) -> list[Event]:
-        refused = self._require_init("an EndBatch")
-        if refused is not None:
-            return refused
-        batch = self._open_batch
-        if batch is None:
-            return self.fail("EndBatch arrived with no open BeginBatch")
-        self._open_batch = None
-        batch.close(end)
-        pending = self._pending
-        if pending is None:
-            pending = self._pending = BatchMicroBatch(opened_at=now)
-        assert isinstance(pending, BatchMicroBatch)  # a batch UDF's session holds batches only
-        pending.add(batch)
-        if pending.count >= self.max_batch_points:
-            return self._close_pending()
-        return []
+    def _require_data_init(self) -> list[Event] | None:
+        """A point before a successful Init fails the session (a Handler script's handler decides itself)."""
+        return self._require_init("a Point") if self._intake.needs_init else None
 
     # ---- a Kapacitor Handler script: every request but keepalives and Info goes to its handler ----
 
     def _handler_request(self, request: udf_pb2.Request, kind: str, now: float) -> list[Event]:
         from udf_agent.compute.handlers import CHECKPOINT_MAGIC
 
+        intake = self._handler()
         if kind == "restore" and request.restore.snapshot.startswith(CHECKPOINT_MAGIC):
             # A relay carrying its task over: the handler is rebuilt from the checkpoint.
             self.guard.expect(kind)
-            return [*self._close_pending(), Restore(request.restore.snapshot)]
+            return [*intake.close_pending(), Restore(request.restore.snapshot)]
         frame = encode_frame(request)
         events: list[Event] = []
         if kind == "init" and self._init_frame is None:
             self._init_frame = frame
             self.options = parse_options((), [])
             events.append(Started(self.options, None, request.init.taskID, request.init.nodeID))
-            if self._pending is None:
-                self._pending = HandlerMicroBatch(opened_at=now)
-            assert isinstance(self._pending, HandlerMicroBatch)
-            self._pending.init_frame = frame  # what a rebuilt handler is started with
-        events += self._for_handler(frame, 1, now)
+            intake.started_with(frame, now)
+        events += intake.forward(frame, 1, now)
         if kind in ("init", "snapshot", "restore"):
-            events += self._close_pending()  # a reply Kapacitor waits for: no gathering
+            events += intake.close_pending()  # a reply Kapacitor waits for: no gathering
         return events
 
-    def _for_handler(self, frames: bytes, count: int, now: float) -> list[Event]:
-        if self._pending is None:
-            self._pending = HandlerMicroBatch(opened_at=now)
-        assert isinstance(self._pending, HandlerMicroBatch)  # a Handler script's session holds requests only
-        self._pending.append(frames, count)
-        if self._pending.count >= self.max_batch_points:
-            return self._close_pending()
-        return []
-
-    def _stream_batch(self, now: float) -> StreamMicroBatch:
-        """The open micro-batch of a stream UDF's session, opened now if there is none."""
-        if self._pending is None:
-            self._pending = StreamMicroBatch(opened_at=now)
-        assert isinstance(self._pending, StreamMicroBatch)  # a stream UDF's session holds points only
-        return self._pending
-
-    def _close_pending(self) -> list[Event]:
-        pending, self._pending = self._pending, None
-        return [Compute(pending)] if pending is not None else []
+    def _handler(self) -> HandlerIntake:
+        assert isinstance(self._intake, HandlerIntake)  # cut as requests only once a Handler script's session is adopted
+        return self._intake
 
     def fail(self, message: str) -> list[Event]:
         # What was accepted before the violation is still computed and sent.
         self.failed = True
-        return [*self._close_pending(), Fail(message)]
+        return [*self._intake.close_pending(), Fail(message)]

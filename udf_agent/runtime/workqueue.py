@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from udf_agent.runtime.session import Compute, Emit, Restore, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.events import Compute, Emit, Restore, TakeCheckpoint, TakeSnapshot
 
 
 class Finish:
