@@ -256,6 +256,24 @@ def test_the_relay_queues_little_of_kapacitors_input_ahead_of_a_server_that_is_n
     assert 0 < queued <= 2 * SERVER_SEND_BUFFER
 
 
+def test_the_server_queues_little_of_a_tasks_output_ahead_of_a_relay_that_is_not_reading():
+    """A keepalive reply jumps the writer's queue, not what the socket to the relay already
+    holds: the server's end of a task's link takes a few tens of KiB of output, not ~200."""
+    from udf_agent.serve.relay_link import OUTPUT_SEND_BUFFER
+
+    server, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with server, relay:
+        link = RelayedConnection(server)
+        link.sock.setblocking(False)
+        queued = 0
+        try:
+            while True:
+                queued += link.sock.send(b"\x00" * 4096)
+        except BlockingIOError:
+            pass
+    assert 0 < queued <= 2 * OUTPUT_SEND_BUFFER
+
+
 def test_the_relay_lets_kapacitors_full_output_pipe_drain_before_writing_again(monkeypatch):
     """Kapacitor reads a UDF's output 4 KiB at a time. A relay that wrote again as soon as its
     full pipe had room would wake (and write) once for each of those reads; it waits for the
