@@ -31,7 +31,8 @@ from collections.abc import Iterator
 import pandas as pd
 import pyarrow as pa
 
-from spark_backend.resident import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker, ResidentWorkers
+from spark_backend.resident import ResidentWorkers
+from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker
 from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
 from udf_agent.api import UDFSpec

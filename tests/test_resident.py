@@ -12,8 +12,9 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import START_TIMEOUT, ResidentWorkers, WorkerLost, WorkerOverMemory, _split
+from spark_backend.resident import ResidentWorkers, WorkerLost, WorkerOverMemory, _split
 from spark_backend.resident_protocol import KEPT_JOBS, MAX_GATHERED, JobCache, describe_failure, receive_message, send_message
+from spark_backend.resident_slots import START_TIMEOUT
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.errors import first_line
@@ -132,8 +133,9 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
     again = spark_engine.run(first, tasks).to_pandas()
     assert again["error"].isna().all(), again["error"].dropna().tolist()
     assert [decode(o) for o in again["output"]] == [decode(o) for o in expected["output"]]
-    for slot in spark_engine.resident._slots:
-        assert slot.worker is None or len(slot.worker.jobs) <= KEPT_JOBS
+    with spark_engine.resident._cond:
+        workers = list(spark_engine.resident._slots.workers())
+    assert workers and all(len(worker.jobs) <= KEPT_JOBS for worker in workers)
 
 
 def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):

@@ -1,0 +1,408 @@
+"""The resident jobs, one per slot: launched, their workers admitted as they connect, launched
+again when one is lost or ends, released after an idle spell, and retired at the end.
+
+A job per slot, not one job of every slot: a worker that crashes (a UDF that segfaults,
+exits, runs out of memory) fails its own job only, so the other slots' workers, and the
+tasks computing on them, go on. What runs on the workers, and who gets which, is
+``resident.ResidentWorkers``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, receive_message, send_message
+from spark_backend.resident_worker import serve_slot
+from udf_agent.errors import first_line
+
+if TYPE_CHECKING:  # the workers import this module: no Spark session code there
+    from spark_backend.sessions import SparkSession
+
+log = logging.getLogger(__name__)
+
+# On a cluster or Spark Connect a micro-batch waits this long after a launch for the first
+# worker to connect; past it, micro-batches run as Spark jobs until one does (Spark's
+# scheduler then shares the cores).
+FIRST_WORKER_WAIT = 2.0
+# How long Spark may take to start a launch's first worker.
+START_TIMEOUT = 120.0
+# A slot whose job ended with no worker connected (its task failed) is launched again at
+# most this often; micro-batches run on the other slots, or as Spark jobs, meanwhile.
+RELAUNCH_INTERVAL = 30.0
+# ... and at most this often when a micro-batch waits for it (a retry, after an idle release).
+FORCED_RELAUNCH_INTERVAL = 1.0
+
+
+class NoResidentWorker(Exception):
+    """No resident worker is connected (Spark has no free core for one yet, or they were
+    released after an idle spell): the engine runs the micro-batch as a Spark job."""
+
+
+class SlotJob(threading.Thread):
+    """The thread that runs one launch of a slot's Spark job, and how that job ended."""
+
+    def __init__(self, target: Callable[[SlotJob], None], name: str):
+        super().__init__(target=target, args=(self,), name=name, daemon=True)
+        self.error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class Worker:
+    """A resident worker's connection, and what the agent keeps about it."""
+
+    sock: socket.socket
+    slot: int
+    launch: int
+    pid: int
+    connected_at: float
+    job: SlotJob
+    jobs: JobCache[None] = field(default_factory=JobCache)
+    busy: bool = False
+    handlers: set[str] = field(default_factory=set)  # the Handler scripts' tasks living here
+    forget: list[str] = field(default_factory=list)  # ... that ended: told with the next call
+
+    def __str__(self) -> str:
+        return f"resident worker {self.slot} (pid {self.pid})"
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One resident task: its own Spark job, and its worker once connected."""
+
+    index: int
+    launch: int = 0  # which launch the slot is on (0: never launched, or retired)
+    launched_at: float = -math.inf
+    job_thread: SlotJob | None = None
+    job_group: str = ""
+    worker: Worker | None = None
+    served: bool = False  # a worker of this launch connected
+
+
+class ResidentSlots:
+    """The slots and their workers. ``cond`` guards them; whoever hands workers out guards
+    its own bookkeeping with it too, so that a waiter for a worker wakes when one joins."""
+
+    def __init__(self, session: SparkSession, count: int, idle_release: float | None, first_worker_wait: float, worker_memory: int | None):
+        self._session = session
+        self.count = count
+        self._idle_release = idle_release
+        self.first_worker_wait = first_worker_wait
+        self._worker_memory = worker_memory
+        self.cond = threading.Condition()
+        self._slots = [_Slot(index) for index in range(count)]
+        self._token = secrets.token_hex(16)
+        self._listener: socket.socket | None = None
+        self._address: tuple[str, int] | None = None
+        self.launches = 0  # each slot's first launch, then each relaunch; also the launch numbers
+        self.worker_losses = 0
+        self.released = False  # the workers were let go after an idle spell (relaunched on demand)
+        self.last_used = time.monotonic()  # set by whoever hands workers out (caller holds ``cond``)
+        self.stopped = threading.Event()
+        # Wakes the idle-release thread: a launch (its workers' idle spell begins) or a stop.
+        self._wake_idle_check = threading.Event()
+
+    def start(self, host: str) -> None:
+        """Opens the workers' port on ``host`` and launches every slot; workers connect in the background."""
+        listener = socket.create_server((host, 0))
+        self._listener = listener
+        self._address = (host, listener.getsockname()[1])
+        threading.Thread(target=self._admit, args=(listener,), name="spark-resident-admit", daemon=True).start()
+        with self.cond:
+            for slot in self._slots:
+                self._launch(slot)
+        if self._idle_release is not None:
+            threading.Thread(target=self._release_when_idle, name="spark-resident-idle", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._wake_idle_check.set()
+        listener = self._listener
+        if listener is not None:
+            _close_listener(listener)
+        with self.cond:
+            retired = self._detach_all()
+        self._end_jobs(retired, clean_end=5.0, after_cancel=5.0)
+
+    # ---- what the workers are (caller holds ``cond`` where it says) ----
+
+    def workers(self) -> Iterator[Worker]:
+        """The connected workers (caller holds ``cond``)."""
+        return (slot.worker for slot in self._slots if slot.worker is not None)
+
+    def holds(self, worker: Worker) -> bool:
+        """Whether ``worker`` is still its slot's (caller holds ``cond``)."""
+        return self._slots[worker.slot].worker is worker
+
+    def connected(self) -> int:
+        """Workers connected now (caller holds ``cond``)."""
+        return sum(1 for slot in self._slots if slot.worker is not None)
+
+    def worker_pids(self) -> list[int]:
+        with self.cond:
+            return [worker.pid for worker in self.workers()]
+
+    def job_errors(self) -> list[BaseException]:
+        """How the slots' last jobs failed, if they did (caller holds ``cond``)."""
+        return [slot.job_thread.error for slot in self._slots if slot.job_thread is not None and slot.job_thread.error is not None]
+
+    def wait_for_workers(self, count: int, timeout: float) -> bool:
+        """Whether ``count`` workers are connected within ``timeout`` seconds."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.connected() >= count or self.stopped.is_set() or self._all_jobs_ended(), timeout)
+            return self.connected() >= count
+
+    def _all_jobs_ended(self) -> bool:
+        return all(slot.job_thread is None or not slot.job_thread.is_alive() for slot in self._slots)
+
+    def await_first_worker(self) -> None:
+        """Returns once a worker is connected; NoResidentWorker if none is by the end of the
+        launch's grace, relaunching first when the workers were released or their jobs died."""
+        with self.cond:
+            self.revive(time.monotonic(), force=self.released)
+            if self.connected():
+                return
+            wait = max(slot.launched_at for slot in self._slots) + self.first_worker_wait - time.monotonic()
+        if wait > 0 and self.wait_for_workers(1, wait):
+            return
+        with self.cond:
+            errors = self.job_errors()
+        cause = f"its job ended: {first_line(errors[0])}" if errors else "Spark has no free core for one yet"
+        raise NoResidentWorker(f"no resident worker is connected ({cause})")
+
+    # ---- launches ----
+
+    def revive(self, now: float, force: bool) -> None:
+        """Launches again the slots whose job ended with no worker (caller holds ``cond``):
+        if ``force`` (after an idle release, or for a retry) at most every
+        FORCED_RELAUNCH_INTERVAL (a job that fails at once, on a lost session say, must not
+        be launched in a loop), else at most every RELAUNCH_INTERVAL."""
+        if self.released:
+            log.info("a micro-batch after an idle spell: relaunching the resident workers")
+            self.released = False
+        interval = FORCED_RELAUNCH_INTERVAL if force else RELAUNCH_INTERVAL
+        for slot in self._slots:
+            ended = slot.job_thread is None or not slot.job_thread.is_alive()
+            if slot.worker is None and ended and now - slot.launched_at >= interval:
+                self._launch(slot)
+
+    def relaunch_lost(self, worker: Worker) -> bool:
+        """``worker`` was given up: its slot is launched again unless that happened already
+        (its job ended first) or the slots were stopped (caller holds ``cond``); whether it was.
+        The caller then ends the lost launch's job (``end_job``)."""
+        slot = self._slots[worker.slot]
+        if slot.launch != worker.launch or self.stopped.is_set():
+            return False
+        self.worker_losses += 1
+        self._launch(slot)
+        return True
+
+    def end_job_soon(self, worker: Worker) -> None:
+        """Ends a lost worker's job in the background: by itself within a second, else cancelled."""
+        threading.Thread(target=self._end_job, args=(worker.job, _job_group(worker.launch, self), 1.0, 30.0), name="spark-resident-retire", daemon=True).start()
+
+    def _launch(self, slot: _Slot) -> None:
+        """Starts the slot's job (caller holds ``cond``); its worker connects in the background."""
+        assert self._address is not None
+        self.launches += 1
+        slot.launch = self.launches
+        slot.launched_at = time.monotonic()
+        slot.worker = None
+        slot.served = False
+        slot.job_group = _job_group(slot.launch, self)
+        body = functools.partial(serve_slot, self._address, self._token, slot.index, slot.launch, self._worker_memory)
+        slot.job_thread = SlotJob(functools.partial(self._run_job, slot, slot.launch, slot.job_group, body), name=f"spark-resident-job-{slot.index}")
+        slot.job_thread.start()
+        self._wake_idle_check.set()
+
+    def _run_job(self, slot: _Slot, launch: int, group: str, body: Callable[..., object], job: SlotJob) -> None:
+        try:
+            self._session.tag_jobs(group)
+            self._session.dataframes.range(0, 1, 1, 1).mapInPandas(body, schema="slot long, served long").collect()
+        except BaseException as exc:  # read by whoever waits for the workers or reports a loss; cancelling ends here too
+            job.error = exc
+        error = job.error
+        with self.cond:
+            if slot.launch != launch:
+                return  # retired or relaunched: nobody waits on this launch
+            worker, slot.worker = slot.worker, None
+            if worker is not None and not worker.busy:
+                worker.sock.close()  # an idle worker whose job ended is gone; a busy one is lost by its reader
+            if error is not None or slot.served:
+                log.warning("Spark's resident job of slot %d ended: %s", slot.index, worker_end(error) if error is not None else "its worker left")
+            if slot.served and not self.stopped.is_set():
+                self.worker_losses += 1
+                self._launch(slot)  # it was serving: the slot is wanted back at once
+            self.cond.notify_all()
+
+    def _admit(self, listener: socket.socket) -> None:
+        """Accepts workers for as long as the slots run: a worker is admitted to the slot
+        and launch it names, if that slot still waits for it."""
+        while not self.stopped.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return  # the listener was closed: the engine stopped
+            worker = self._greet(sock)
+            if worker is None:
+                continue
+            with self.cond:
+                slot = self._slots[worker.slot] if 0 <= worker.slot < len(self._slots) else None
+                if slot is None or slot.launch != worker.launch or slot.worker is not None or self.stopped.is_set():
+                    worker.sock.close()  # a launch since retired or relaunched: its task ends
+                    continue
+                slot.worker = worker
+                slot.served = True
+                count = self.connected()
+                self.cond.notify_all()
+            log.info("%s ready: %d of %d resident Spark worker(s) connected", worker, count, self.count)
+
+    def _greet(self, sock: socket.socket) -> Worker | None:
+        try:
+            sock.settimeout(10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = receive_message(sock)
+            if hello is None or hello[0] != HELLO:
+                raise ValueError("no hello")
+            details = json.loads(hello[1])
+            if not hmac.compare_digest(str(details.get("token", "")).encode(), self._token.encode()):
+                raise ValueError("wrong token")
+            send_message(sock, WELCOME, self._token.encode())
+            slot, launch = int(details["slot"]), int(details["launch"])
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("refused a connection on the resident workers' port: %s", exc)
+            sock.close()
+            return None
+        with self.cond:
+            job = self._slots[slot].job_thread if 0 <= slot < len(self._slots) and self._slots[slot].launch == launch else None
+        if job is None:
+            sock.close()  # a launch since retired or relaunched: its task ends
+            return None
+        return Worker(sock, slot, launch, int(details["pid"]), time.monotonic(), job)
+
+    # ---- retiring launches ----
+
+    def _end_job(self, thread: SlotJob, group: str, clean_end: float, after_cancel: float) -> None:
+        """A retired launch's job: ends by itself once its connection is closed; a job still
+        running ``clean_end`` seconds later (a stuck worker, or a task still waiting for a
+        core) is cancelled, which kills its worker."""
+        thread.join(clean_end)
+        if not thread.is_alive():
+            return
+        try:
+            self._session.cancel(group)
+        except Exception as exc:  # a dead JVM: its job is gone with it
+            log.warning("cancelling Spark's resident job failed: %s", first_line(exc))
+        thread.join(after_cancel)
+        if thread.is_alive():
+            log.warning("Spark's resident job %s did not end within %g s of its cancellation", group, after_cancel)
+
+    def _detach_all(self) -> list[tuple[SlotJob, str]]:
+        """Closes every worker's connection (caller holds ``cond``); the jobs to end."""
+        retired = []
+        for slot in self._slots:
+            if slot.worker is not None:
+                slot.worker.sock.close()
+            if slot.job_thread is not None:
+                retired.append((slot.job_thread, slot.job_group))
+            slot.worker, slot.job_thread, slot.launch = None, None, 0
+        self.cond.notify_all()
+        return retired
+
+    def _end_jobs(self, retired: list[tuple[SlotJob, str]], clean_end: float, after_cancel: float) -> None:
+        """Ends every retired slot's job, each given ``clean_end`` then cancelled."""
+        enders = [threading.Thread(target=self._end_job, args=(thread, group, clean_end, after_cancel), daemon=True) for thread, group in retired]
+        for ender in enders:
+            ender.start()
+        for ender in enders:
+            ender.join()
+
+    def _release_when_idle(self) -> None:
+        """Ends the workers after ``idle_release`` seconds without a micro-batch: their cores
+        go back to Spark (and, on a cluster, its executors to the cluster). It wakes when a
+        release may be due, not every second: an idle task costs next to no CPU."""
+        pause: float | None = None
+        while True:
+            self._wake_idle_check.wait(pause)
+            self._wake_idle_check.clear()
+            if self.stopped.is_set():
+                return
+            pause = self._release_if_idle()
+
+    def _release_if_idle(self) -> float | None:
+        """Releases the workers if their idle spell is over; how long until the next look
+        (None: until the next launch)."""
+        assert self._idle_release is not None
+        with self.cond:
+            if not self.connected():
+                # Released, or still connecting after a launch: the launch woke us, and a
+                # micro-batch on its workers moves the end of their idle spell on.
+                return None if self.released else self._idle_release
+            idle = time.monotonic() - self.last_used
+            if any(worker.busy for worker in self.workers()):
+                return min(1.0, self._idle_release / 4)
+            if idle < self._idle_release:
+                return self._idle_release - idle
+            self.released = True
+            retired = self._detach_all()
+        log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
+        self._end_jobs(retired, clean_end=1.0, after_cancel=5.0)
+        return None
+
+
+def _job_group(launch: int, owner: object) -> str:
+    """The Spark job group of one launch of a slot: cancelled alone."""
+    return f"udf-agent-resident-{os.getpid()}-{id(owner)}-{launch}"
+
+
+def _close_listener(listener: socket.socket) -> None:
+    """Wakes the admitting thread's accept, then closes the port."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()
+
+
+def worker_end(error: BaseException) -> str:
+    """How a resident worker's Spark job ended, in a line: Spark's crash report (with
+    ``spark.python.worker.faulthandler.enabled``, the fatal signal and the UDF's frame)."""
+    text = str(error)
+    crashed = text.find("Python worker exited unexpectedly")
+    if crashed < 0:
+        return first_line(error)
+    report = text[crashed:].split("\n")
+    headline = report[0].strip().rstrip(":")
+    if headline.endswith("(crashed)") or not headline.partition("(crashed):")[2].strip():
+        return f"{headline}: no crash report, so a signal it could not catch (SIGKILL, the out-of-memory killer) or os._exit"
+    # Faulthandler lists every thread; the crashed one is "Current thread", innermost first.
+    current = next((i for i, line in enumerate(report) if line.startswith("Current thread")), 0)
+    frames = []
+    for line in report[current + 1 :]:
+        if not line.strip().startswith("File "):
+            break
+        frames.append(line.strip())
+    ours = [frame for frame in frames if not _not_the_udfs(frame)]
+    where = ours[0] if ours else frames[0] if frames else ""
+    return f"{headline} at {where}" if where else headline
+
+
+_STANDARD_LIBRARY = f"/lib/python{sys.version_info.major}.{sys.version_info.minor}/"
+
+
+def _not_the_udfs(frame: str) -> bool:
+    """Whether a crash report's frame is the standard library's, PySpark's or ours."""
+    standard = _STANDARD_LIBRARY in frame and "-packages/" not in frame
+    return standard or any(place in frame for place in ("/pyspark/", "/pyspark.zip/", "<frozen", "/udf_agent/", "/spark_backend/"))
