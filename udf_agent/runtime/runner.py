@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,8 +24,7 @@ from udf_agent.runtime.logs import TaskLabels
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
-from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
-from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
+from udf_agent.wire.batches import HandlerMicroBatch
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
     import pyarrow as pa
@@ -35,6 +34,8 @@ if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off 
     from udf_agent.options import OptionValues
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.handler_task import HandlerTask
+    from udf_agent.runtime.tasks import MicroBatch, TaskTables
+    from udf_agent.wire.hotpath import WireKernels
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +94,29 @@ class MicroBatchRunner:
         self.options: OptionValues | None = None  # set by a successful Init, before any work
         self.handler: HandlerTask | None = None  # a Kapacitor Handler script's task
         self._job: Job | None = None
+        self._compute_batch: Callable[[MicroBatch], None] = self._not_adopted
+        self._task_tables: Callable[[MicroBatch, GroupStore, WireKernels], TaskTables] | None = None
         self.computing = 0  # points of the micro-batch being computed
         self.abandoned = False  # the agent gave up waiting: drop the rest
         self.checkpoint_interval = CHECKPOINT_INTERVAL
 
     def adopt(self, spec: UDFSpec) -> None:
-        """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it)."""
+        """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it):
+        how its micro-batches are computed is chosen here, once."""
         self.spec = spec
-        if spec.handler is not None and self.handler is None:
-            from udf_agent.runtime.handler_task import HandlerTask
+        self._task_tables = None  # by the edge the UDF wants, at its first micro-batch
+        if spec.handler is not None:
+            if self.handler is None:
+                from udf_agent.runtime.handler_task import HandlerTask
 
-            self.handler = HandlerTask(spec.handler)
+                self.handler = HandlerTask(spec.handler)
+            self._compute_batch = self._compute_handler
+        else:
+            self._compute_batch = self._compute
 
     def run(self, item: Compute | TakeSnapshot | Restore | TakeCheckpoint) -> None:
         if isinstance(item, Compute):
-            if isinstance(item.batch, HandlerMicroBatch):
-                self._compute_handler(item.batch)
-            else:
-                self._compute(item.batch)
+            self._compute_batch(item.batch)
         elif isinstance(item, TakeSnapshot):
             self._snapshot()
         elif isinstance(item, Restore):
@@ -127,7 +133,11 @@ class MicroBatchRunner:
         assert self.spec is not None  # known before any work reaches the compute thread
         return self.spec
 
-    def _compute(self, batch: StreamMicroBatch | BatchMicroBatch) -> None:
+    @staticmethod
+    def _not_adopted(batch: MicroBatch) -> None:
+        raise AssertionError("no work reaches the compute thread before the UDF is known")
+
+    def _compute(self, batch: MicroBatch) -> None:
         spec = self._loaded()
         if self._job is None:
             from udf_agent.compute.contract import Job
@@ -135,15 +145,12 @@ class MicroBatchRunner:
             assert self.options is not None  # points are refused before a successful Init
             self._job = Job(spec, self.options.raw(), self.labels.task_id, self.labels.node_id)
         job = self._job
-        from udf_agent.runtime.tasks import batch_task_runs, stream_task_slices
+        if self._task_tables is None:
+            from udf_agent.runtime.tasks import task_tables_for
 
+            self._task_tables = task_tables_for(spec)
         kernels = hotpath.kernels()
-        grouped = batch.grouped(kernels) if isinstance(batch, StreamMicroBatch) else None
-        if grouped is not None:
-            task_tables = stream_task_slices(grouped, self.groups)
-        else:
-            assert isinstance(batch, BatchMicroBatch)
-            task_tables = batch_task_runs(batch, self.groups)
+        task_tables = self._task_tables(batch, self.groups, kernels)
         engine = self.engines.engine_for(spec, batch.count)
         started = time.monotonic()
         self.stats.micro_batch_taken(started - batch.opened_at)
@@ -151,7 +158,7 @@ class MicroBatchRunner:
         done = _Computed()
         try:
             for tasks in task_tables:
-                if not self._compute_slice(job, engine, tasks, grouped, done) or self.abandoned:
+                if not self._compute_slice(job, engine, tasks, task_tables, done) or self.abandoned:
                     break
         finally:
             self.computing = 0
@@ -165,7 +172,7 @@ class MicroBatchRunner:
         self.stats.compute_seconds.observe(time.monotonic() - started)
         self.stats.points_out += sum(done.counts)
         self.stats.computed = engine.name
-        in_order_of = grouped if done.failure is None and not done.set_aside else None
+        in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
         for piece in output_pieces(done.outputs, done.counts, in_order_of, kernels):
             self.writer.send(piece)
         if done.failure is not None:
@@ -176,10 +183,10 @@ class MicroBatchRunner:
             batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
         )
 
-    def _compute_handler(self, batch: HandlerMicroBatch) -> None:
+    def _compute_handler(self, batch: MicroBatch) -> None:
         from udf_agent.runtime.handler_task import HandlerFailed
 
-        assert self.handler is not None
+        assert self.handler is not None and isinstance(batch, HandlerMicroBatch)
         spec = self._loaded()
         started = time.monotonic()
         self.stats.micro_batch_taken(started - batch.opened_at)
@@ -201,7 +208,7 @@ class MicroBatchRunner:
         if outcome.output:
             self.writer.send(outcome.output)
 
-    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, grouped: GroupedPoints | None, done: _Computed) -> bool:
+    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, task_tables: TaskTables, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
         try:
@@ -212,7 +219,7 @@ class MicroBatchRunner:
             else:
                 log.exception("compute engine failed")
             data = tasks.column("data").to_pylist()
-            points = sum(_points_in(tasks, grouped, data, range(len(data))))
+            points = sum(task_tables.points_in(tasks, range(len(data))))
             message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
             if self.config.on_error == "fail":
                 raise UDFError(message) from exc
@@ -230,7 +237,7 @@ class MicroBatchRunner:
             # The failed groups are set aside; the others go on as if nothing happened.
             data = tasks.column("data").to_pylist()
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
-            points = sum(_points_in(tasks, grouped, data, bad))
+            points = sum(task_tables.points_in(tasks, bad))
             self._set_aside(job.spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
             outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
             done.set_aside = True
@@ -305,15 +312,6 @@ class MicroBatchRunner:
         else:
             log.info("restored state of %d group(s)", restored)
             self._send(self.replies.restored(None))
-
-
-def _points_in(tasks: pa.Table, grouped: GroupedPoints | None, data: list[bytes], rows: Sequence[int]) -> list[int]:
-    """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
-    if grouped is not None:
-        first = tasks.column("seq")[0].as_py()  # a stream slice: its groups' counts are known
-        return [int(grouped.counts[first + row]) for row in rows]
-    ends = [prefixed_ends(data[row]) for row in rows]
-    return [0 if row_ends is None else len(row_ends) for row_ends in ends]
 
 
 def _error_summary(error: str) -> str:
