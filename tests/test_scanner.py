@@ -302,3 +302,25 @@ def test_frames_are_counted_but_those_whose_body_starts_with_the_uncounted_key(c
     long_points = b"".join(encode_frame(udf_pb2.Response(point=udf_pb2.Point(name="m" * size))) for size in (300, 20_000))
     assert kernels.count_frames(long_points + b"\x00" + keepalive + data, KEEPALIVE_KEY) == 204
     assert kernels.count_frames(b"", KEEPALIVE_KEY) == 0
+
+
+def test_a_micro_batchs_frames_are_read_from_its_result_columns_as_they_lie():
+    """Each group's frames from the engine's output columns (sliced, with nulls for groups
+    that gave none or were set aside), one group after another, with where each group ends."""
+    import numpy as np
+    import pyarrow as pa
+
+    from udf_agent.runtime.output import joined_frames, output_pieces
+    from udf_agent.wire.hotpath import REFERENCE
+
+    frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * t))) for t in range(8)]
+    first = pa.array([frames[0] + frames[1], None, frames[2]], pa.binary())
+    second = pa.array([b"ignored", frames[3], b"", frames[4] + frames[5] + frames[6], b"ignored too"], pa.binary()).slice(1, 3)
+    data, ends = joined_frames([first, second])
+    assert data == b"".join(frames[:7])
+    sizes = [len(frames[0] + frames[1]), 0, len(frames[2]), len(frames[3]), 0, len(frames[4] + frames[5] + frames[6])]
+    assert ends.tolist() == np.cumsum(sizes).tolist()
+    assert joined_frames([])[0] == b"" and len(joined_frames([])[1]) == 0
+    # Group after group (no arrival order given), in pieces of whole frames.
+    pieces = list(output_pieces([first, second], np.array([2, 0, 1, 1, 0, 3]), None, REFERENCE))
+    assert b"".join(pieces) == b"".join(frames[:7])

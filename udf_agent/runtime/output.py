@@ -1,10 +1,16 @@
-"""A micro-batch's output frames as the pieces handed to the writer, in the order they leave."""
+"""A micro-batch's output frames as the pieces handed to the writer, in the order they leave.
+
+The frames come as the engine's result columns (Arrow binary, one row per group): their bytes
+are taken from the columns' buffers, so no Python object is made per group or per point on
+the way to the writer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from udf_agent.runtime.writer import WRITE_CHUNK
 from udf_agent.wire.batches import in_arrival_order
@@ -12,16 +18,35 @@ from udf_agent.wire.grouped import GroupedPoints
 from udf_agent.wire.hotpath import WireKernels
 
 
-def output_pieces(outputs: list[bytes | None], counts: list[int], grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
+def joined_frames(outputs: Sequence[pa.Array]) -> tuple[bytes, np.ndarray]:
+    """The frames of every group of ``outputs`` (binary columns; null: no frames), one group
+    after another, and where each group's end."""
+    pieces: list[memoryview] = []
+    ends: list[np.ndarray] = []
+    written = 0
+    for column in outputs:
+        if column.null_count:
+            column = column.fill_null(b"")
+        _, offsets_buffer, data_buffer = column.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[column.offset : column.offset + len(column) + 1].astype(np.int64)
+        if len(offsets) < 2:
+            continue
+        first, last = int(offsets[0]), int(offsets[-1])
+        pieces.append(memoryview(data_buffer)[first:last] if data_buffer is not None else memoryview(b""))
+        ends.append(offsets[1:] - first + written)
+        written += last - first
+    return b"".join(pieces), np.concatenate(ends) if ends else np.zeros(0, np.int64)
+
+
+def output_pieces(outputs: Sequence[pa.Array], counts: np.ndarray, grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
     """Each group's output frames (``outputs``, ``counts`` frames each, in group order), in input
     arrival order across groups when every group gave one frame per new point (1:1 UDFs, as a
     per-point agent would) and ``grouped`` says how the input arrived, else group after group.
     In pieces of whole frames, so keepalive replies get in between."""
-    data = b"".join(output for output in outputs if output)
+    data, ends = joined_frames(outputs)
     if not data:
         return
-    ends = np.cumsum([len(output) for output in outputs if output])
-    if grouped is not None and len(grouped) > 1 and grouped.counts.tolist() == counts:
+    if grouped is not None and len(grouped) > 1 and np.array_equal(grouped.counts, counts):
         arranged = in_arrival_order(data, grouped.arrival, kernels)
         if arranged is not None:
             data, ends = arranged

@@ -27,6 +27,7 @@ from udf_agent.wire import hotpath
 from udf_agent.wire.batches import HandlerMicroBatch
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
+    import numpy as np
     import pyarrow as pa
 
     from udf_agent.compute.contract import Job
@@ -71,8 +72,8 @@ class UDFError(RuntimeError):
 class _Computed:
     """What the slices of one micro-batch gave, in group order."""
 
-    outputs: list[bytes | None] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
+    outputs: list[pa.Array] = field(default_factory=list)  # each slice's frames, a row per group
+    counts: list[np.ndarray] = field(default_factory=list)  # ... and how many frames each group gave
     failure: str | None = None  # the error of the first failed group, when it ends the task
     set_aside: bool = False  # some groups' points were skipped (--on-error)
 
@@ -166,21 +167,24 @@ class MicroBatchRunner:
             return
         self.groups.evict()
         # In arrival order only when every group gave one frame per new point and none failed.
+        import numpy as np
+
         from udf_agent.runtime.output import output_pieces
 
         self.stats.micro_batches += 1
         self.stats.compute_seconds.observe(time.monotonic() - started)
-        self.stats.points_out += sum(done.counts)
+        counts = np.concatenate(done.counts) if done.counts else np.zeros(0, np.int64)
+        self.stats.points_out += int(counts.sum())
         self.stats.computed = engine.name
         in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.outputs, done.counts, in_order_of, kernels):
+        for piece in output_pieces(done.outputs, counts, in_order_of, kernels):
             self.writer.send(piece)
         if done.failure is not None:
             log.error("%s", done.failure)
             raise UDFError(_error_summary(done.failure))
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count, len(done.counts), sum(done.counts), time.monotonic() - started, engine.name,
+            batch.count, len(counts), counts.sum(), time.monotonic() - started, engine.name,
         )
 
     def _compute_handler(self, batch: MicroBatch) -> None:
@@ -228,9 +232,12 @@ class MicroBatchRunner:
             return True
         if self.abandoned:
             return False
-        keys, outputs, histories, states, errors, counts = (
-            results.column(name).to_pylist() for name in ("key", "output", "history", "state", "error", "emitted")
-        )
+        # The frames stay in their column (``output.joined_frames``); the rest is kept per group.
+        keys, histories, states = (results.column(name).to_pylist() for name in ("key", "history", "state"))
+        outputs = results.column("output").combine_chunks()
+        counts = results.column("emitted").to_numpy()
+        error_column = results.column("error")
+        errors: list[str | None] = [None] * len(keys) if error_column.null_count == len(keys) else error_column.to_pylist()
         del results
         bad = [i for i, error in enumerate(errors) if error is not None]
         if bad and self.config.on_error != "fail":
@@ -238,16 +245,18 @@ class MicroBatchRunner:
             data = tasks.column("data").to_pylist()
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
             points = sum(task_tables.points_in(tasks, bad))
-            self._set_aside(job.spec.name, _error_summary(errors[bad[0]]) + more, [data[i] for i in bad], points, errors[bad[0]] + more)
-            outputs = [None if error is not None else output for output, error in zip(outputs, errors)]
+            first_error = errors[bad[0]]
+            assert first_error is not None
+            self._set_aside(job.spec.name, _error_summary(first_error) + more, [data[i] for i in bad], points, first_error + more)
+            outputs = _without(outputs, bad)
             done.set_aside = True
             bad = []
         ended = bad[0] if bad else len(keys)
         for key, history, state, error in zip(keys[:ended], histories, states, errors):
             if error is None:  # a set-aside group keeps what it had
                 self.groups.keep(key, history, state)
-        done.outputs += outputs[:ended]
-        done.counts += counts[:ended]
+        done.outputs.append(outputs.slice(0, ended))
+        done.counts.append(counts[:ended])
         if bad:
             done.failure = errors[bad[0]]
             return False
@@ -312,6 +321,17 @@ class MicroBatchRunner:
         else:
             log.info("restored state of %d group(s)", restored)
             self._send(self.replies.restored(None))
+
+
+def _without(outputs: pa.Array, rows: list[int]) -> pa.Array:
+    """``outputs`` with no frames for ``rows`` (set-aside groups)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kept = np.ones(len(outputs), dtype=bool)
+    kept[rows] = False
+    return pc.if_else(pa.array(kept), outputs, pa.scalar(None, outputs.type))
 
 
 def _error_summary(error: str) -> str:
