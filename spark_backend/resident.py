@@ -13,9 +13,9 @@ This module feeds them. A worker lost while computing has its slot launched agai
 and the part it was computing is retried once on a fresh worker: a micro-batch's output is
 used only once every part of it has come back, so a retry never emits anything twice.
 
-Many tasks share one engine on a server: slots go to them fairly (``fairness.py``), and a
-micro-batch is cut into parts so that no task holds more than its share of the slots
-while another task has work waiting.
+Many tasks share one engine on a server: slots go to them fairly (``resident_grants.py``,
+``fairness.py``), and a micro-batch is cut into parts so that no task holds more than its
+share of the slots while another task has work waiting.
 
 Messages, both ways: ``resident_protocol``. The job (the UDF and its options) travels once
 per worker, pickled by Spark's own cloudpickle as Spark ships any pandas UDF; tasks and
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
-from spark_backend.fairness import FairShares, Ticket
+from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_protocol import (
     FAILURE,
     HANDLER,
@@ -51,9 +51,8 @@ from spark_backend.resident_protocol import (
     receive_message,
     send_message,
 )
-from spark_backend.resident_slots import FIRST_WORKER_WAIT, FORCED_RELAUNCH_INTERVAL, START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, worker_end
+from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, WorkerLost, WorkerTimedOut, worker_end
 from udf_agent.compute.contract import Job
-from udf_agent.errors import first_line
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
@@ -67,14 +66,6 @@ T = TypeVar("T")
 
 # Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
 SPLIT_BYTES = 512 * 1024
-
-
-class WorkerLost(Exception):
-    """A worker did not return its part of a micro-batch (the cause is the message)."""
-
-
-class WorkerTimedOut(WorkerLost):
-    """A worker returned nothing within the batch timeout (stuck, or a UDF that slow)."""
 
 
 class WorkerOverMemory(RuntimeError):
@@ -111,7 +102,7 @@ class ResidentWorkers:
         # The slots' Condition guards the fair shares and the Handlers' homes too: a waiter
         # for a worker wakes when one is released or joins.
         self._cond = self._slots.cond
-        self._fair = FairShares()
+        self._grants = WorkerGrants(self._slots, batch_timeout)
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
         self._homes: dict[str, Worker] = {}  # where each Handler script's task's handler lives
         self._pickle_lock = threading.Lock()
@@ -148,8 +139,7 @@ class ResidentWorkers:
             return self._slots.connected() > 0
 
     def held_by(self, tenant: Hashable) -> int:
-        with self._cond:
-            return self._fair.held(tenant)
+        return self._grants.held(tenant)
 
     def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
         """The micro-batch's results, computed in parts on the slots this task may hold."""
@@ -157,10 +147,8 @@ class ResidentWorkers:
             raise WorkerLost("the engine was stopped")
         key: Hashable = tenant if tenant is not None else _ANONYMOUS
         self._slots.await_first_worker()
-        with self._cond:
-            now = time.monotonic()
-            share = self._fair.share(self.slots, now)
-            parts = _split(tasks, share, at_least=self._fair.parts_for(key, tasks.num_rows, now))
+        share, at_least = self._grants.parts_for(key, tasks.num_rows)
+        parts = _split(tasks, share, at_least)
         results = self._run_parts(job, [_Part(i, part) for i, part in enumerate(parts)], key, tenant)
         return pa.concat_tables(results) if len(results) > 1 else results[0]
 
@@ -179,11 +167,11 @@ class ResidentWorkers:
                 home = self._homes.get(call.task)
             # A retry may wait for the lost worker's slot to come back (when it was the only one).
             until = time.monotonic() + (self.batch_timeout if retry_of is None else max(self.batch_timeout, START_TIMEOUT))
-            worker = self._acquire(key, tenant, until, block=True, fresh_after=None, home=home)
+            worker = self._grants.acquire(key, tenant, until, block=True, fresh_after=None, home=home)
             assert worker is not None
             rebuild = call.task not in worker.handlers
             if rebuild and call.rebuild.lost is not None and (home is not None or retry_of is not None):
-                self._release(worker, key, tenant)
+                self._grants.release(worker, key, tenant)
                 raise WorkerLost(f"the handler's worker was lost and the handler cannot be rebuilt: {call.rebuild.lost}")
             with self._cond:
                 forget, worker.forget = tuple(worker.forget), []
@@ -193,7 +181,7 @@ class ResidentWorkers:
                 self._exchange(worker, sent_at + self.batch_timeout, functools.partial(send_message, worker.sock, HANDLER, *parts))
                 kind, payload = self._exchange(worker, sent_at + self.batch_timeout, functools.partial(_next_message, worker))
             except WorkerLost as lost:
-                self._lose(worker, key, tenant)
+                self._grants.lose(worker, key, tenant)
                 with self._cond:
                     self._homes.pop(call.task, None)
                 report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
@@ -206,9 +194,9 @@ class ResidentWorkers:
                 retry_of = what
                 continue
             if kind == OVER_MEMORY:
-                self._lose(worker, key, tenant)
+                self._grants.lose(worker, key, tenant)
                 raise WorkerOverMemory(f"{call.script.name}: {payload.decode(errors='replace')}")
-            self._release(worker, key, tenant)
+            self._grants.release(worker, key, tenant)
             if kind == FAILURE:
                 raise RuntimeError(f"{worker} failed: {payload.decode(errors='replace')}")
             outcome = read_handler_outcome(payload)
@@ -259,7 +247,7 @@ class ResidentWorkers:
                 while pending:
                     part = pending[0]
                     until = slot_wait_until if part.fresh_after is None else max(slot_wait_until, time.monotonic() + START_TIMEOUT)
-                    worker = self._acquire(key, tenant, until, block=not in_flight, fresh_after=part.fresh_after)
+                    worker = self._grants.acquire(key, tenant, until, block=not in_flight, fresh_after=part.fresh_after)
                     if worker is None:
                         break
                     pending.popleft()
@@ -278,11 +266,10 @@ class ResidentWorkers:
                     slot_wait_until = time.monotonic() + self.batch_timeout
                     continue
                 if kind == OVER_MEMORY:
-                    self._lose(worker, key, tenant)
+                    self._grants.lose(worker, key, tenant)
                     raise WorkerOverMemory(f"UDF {job.spec.name!r}: {payload.decode(errors='replace')}")
-                self._release(worker, key, tenant)
-                with self._cond:
-                    self._fair.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
+                self._grants.release(worker, key, tenant)
+                self._grants.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
                 if kind == FAILURE:
                     raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
                 results[part.index] = ipc_to_table(payload)
@@ -298,7 +285,7 @@ class ResidentWorkers:
         """A worker was lost with ``part``: its slot is launched again and the part retried
         once, on a fresh worker; the second loss fails the micro-batch."""
         lost_at = time.monotonic()
-        self._lose(worker, key, tenant)
+        self._grants.lose(worker, key, tenant)
         # A worker that ended says how (its job fails at once); a stuck one was cancelled.
         report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
         what = f"{lost} while computing UDF {job.spec.name!r}{report}"
@@ -330,12 +317,12 @@ class ResidentWorkers:
         try:
             kind, _ = self._exchange(worker, deadline, functools.partial(_next_message, worker))
         except WorkerLost:
-            self._lose(worker, key, tenant)
+            self._grants.lose(worker, key, tenant)
             return
         if kind == OVER_MEMORY:
-            self._lose(worker, key, tenant)
+            self._grants.lose(worker, key, tenant)
         else:
-            self._release(worker, key, tenant)
+            self._grants.release(worker, key, tenant)
 
     def _exchange(self, worker: Worker, deadline: float, action: Callable[[], T]) -> T:
         remaining = deadline - time.monotonic()
@@ -361,87 +348,6 @@ class ResidentWorkers:
                 while len(self._pickled) > KEPT_JOBS:
                     self._pickled.popitem(last=False)
             return cached[1], cached[2]
-
-    # ---- slots, shared fairly ----
-
-    def _acquire(self, key: Hashable, tenant: Tenant | None, until: float, block: bool, fresh_after: float | None, home: Worker | None = None) -> Worker | None:
-        """A free worker granted to this task by the fair shares (None if ``block`` is False
-        and none is granted at once), ``home`` while it is there; WorkerLost past ``until``."""
-        with self._cond:
-            asked = time.monotonic()
-            ticket = self._fair.wait(key, asked)
-            ticket.fresh_after = fresh_after
-            ticket.home = home
-            try:
-                while True:
-                    if self._slots.stopped.is_set():
-                        raise WorkerLost("the engine was stopped")
-                    now = time.monotonic()
-                    if self._fair.next_ticket(self.slots, now, self._can_serve) is ticket:
-                        worker = self._free_worker(fresh_after, home)
-                        assert worker is not None
-                        self._fair.grant(ticket, now)
-                        worker.busy = True
-                        self._slots.last_used = now
-                        if tenant is not None:
-                            tenant.slot_waited(now - asked)
-                            tenant.slots_now(self._fair.held(key))
-                        return worker
-                    if not block:
-                        return None
-                    if fresh_after is not None:
-                        self._slots.revive(now, force=True)
-                    if now >= until:
-                        raise WorkerLost(self._no_slot_cause(fresh_after))
-                    self._cond.wait(min(until - now, FORCED_RELAUNCH_INTERVAL) if fresh_after is not None else until - now)
-            finally:
-                if not ticket.granted:
-                    self._fair.withdraw(ticket)
-                    self._cond.notify_all()  # the next waiter may be served now
-
-    def _can_serve(self, ticket: Ticket) -> bool:
-        return self._free_worker(ticket.fresh_after, ticket.home) is not None
-
-    def _free_worker(self, fresh_after: float | None, home: object | None = None) -> Worker | None:
-        """``home`` while it is there; else, of the free workers, the one fewest Handler
-        scripts' handlers live on: a handler made here stays for its task's life, and a slow
-        one holds up only the handlers that share its worker."""
-        if isinstance(home, Worker) and self._slots.holds(home):
-            return None if home.busy else home
-        free = [worker for worker in self._slots.workers() if not worker.busy and (fresh_after is None or worker.connected_at > fresh_after)]
-        return min(free, key=lambda worker: len(worker.handlers), default=None)
-
-    def _no_slot_cause(self, fresh_after: float | None) -> str:
-        if fresh_after is None:
-            return f"no resident slot was free for this task within the batch timeout ({self.batch_timeout:g} s)"
-        errors = self._slots.job_errors()
-        reason = first_line(errors[0]) if errors else f"no worker connected within {START_TIMEOUT:g} s"
-        return f"relaunching the resident workers failed: {reason}"
-
-    def _release(self, worker: Worker, key: Hashable, tenant: Tenant | None) -> None:
-        with self._cond:
-            worker.busy = False
-            now = time.monotonic()
-            self._fair.release(key, now)
-            self._slots.last_used = now
-            if tenant is not None:
-                tenant.slots_now(self._fair.held(key))
-            self._cond.notify_all()
-
-    def _lose(self, worker: Worker, key: Hashable, tenant: Tenant | None) -> None:
-        """Gives up a worker this task held, launching its slot again unless that happened
-        already (its job ended first); its job is ended, cancelled if it must be."""
-        worker.sock.close()
-        with self._cond:
-            worker.busy = False
-            now = time.monotonic()
-            self._fair.release(key, now)
-            if tenant is not None:
-                tenant.slots_now(self._fair.held(key))
-            relaunched = self._slots.relaunch_lost(worker)
-            self._cond.notify_all()
-        if relaunched:
-            self._slots.end_job_soon(worker)
 
 
 def _next_message(worker: Worker) -> tuple[int, bytearray]:

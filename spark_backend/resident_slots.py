@@ -46,6 +46,14 @@ RELAUNCH_INTERVAL = 30.0
 FORCED_RELAUNCH_INTERVAL = 1.0
 
 
+class WorkerLost(Exception):
+    """A worker did not return its part of a micro-batch (the cause is the message)."""
+
+
+class WorkerTimedOut(WorkerLost):
+    """A worker returned nothing within the batch timeout (stuck, or a UDF that slow)."""
+
+
 class NoResidentWorker(Exception):
     """No resident worker is connected (Spark has no free core for one yet, or they were
     released after an idle spell): the engine runs the micro-batch as a Spark job."""
