@@ -14,13 +14,13 @@ framing error included, for when it is.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 
 from udf_agent import udf_pb2
 from udf_agent.api import BindError, UDFSpec
 from udf_agent.options import OptionValues, option_info, parse_options
 from udf_agent.runtime.events import Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
+from udf_agent.runtime.framing import FramedInput
 from udf_agent.runtime.intake import HandlerIntake, Intake, intake_for
 from udf_agent.wire.frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -68,14 +68,10 @@ class Session:
         # How the UDF's data is taken: chosen once the UDF is known (and again at a stream_fn
         # or batch_fn target's Init, which names it).
         self._intake = Intake("", max_batch_points, self.fail) if spec is None else intake_for(spec, max_batch_points, self.fail)
-        self._splitter = FrameSplitter(max_frame_size)
-        self._compiled_splitter: Callable[[FrameSplitter], FrameSplitter] | None = None
-        self._pieces: deque[Piece] = deque()
+        self._input = FramedInput(max_frame_size)
         self._frames_acted_on = 0
         self._bytes_acted_on = 0  # of whole frames, length prefixes included
         self._init_frame: bytes | None = None  # the successful InitRequest's frame
-        self._framing_error: ProtocolError | None = None
-        self._framing_error_acted_on = False
         self._early: list[Early] = []
 
     @property
@@ -112,45 +108,35 @@ class Session:
     def use_compiled_splitter(self, continuing: Callable[[FrameSplitter], FrameSplitter]) -> None:
         """Cuts frames with the compiled scanner from the next ``receive_data`` on (it takes
         over mid-frame). Safe to call from another thread, which is where it loads."""
-        self._compiled_splitter = continuing
+        self._input.use_compiled_splitter(continuing)
 
     def receive_data(self, data: bytes | memoryview) -> None:
         """Bytes as read, cut anywhere. Frames are cut now and acted on by ``next_events``;
         bytes that break the framing fail the session after the frames before them."""
-        if self._framing_error is not None:
-            return
-        if self._compiled_splitter is not None:
-            self._splitter = self._compiled_splitter(self._splitter)
-            self._compiled_splitter = None
-        try:
-            pieces = self._splitter.feed(data)
-        except ProtocolError as exc:
-            pieces, self._framing_error = exc.decoded, exc
-        self._pieces.extend(pieces)
+        self._input.feed(data)
 
     @property
     def frames_waiting(self) -> bool:
         """Whether frames were cut that ``next_events`` has not acted on."""
-        return bool(self._pieces)
+        return len(self._input) > 0
 
     @property
     def input_broken(self) -> bool:
         """Whether the bytes broke the framing: ``next_events`` reports it once the frames
         before the fault are acted on, and nothing after it is read."""
-        return self._framing_error is not None
+        return self._input.broken
 
     def next_events(self, now: float, max_frames: int = FRAMES_PER_CALL) -> list[Event]:
         """Acts on up to ``max_frames`` of the frames cut so far; once they are all acted on,
         a framing error. ``frames_waiting`` tells whether to call again."""
         events: list[Event] = []
-        for _ in range(min(max_frames, len(self._pieces))):
-            events += self._act_on(self._pieces.popleft(), now)
+        for _ in range(min(max_frames, len(self._input))):
+            events += self._act_on(self._input.take(), now)
             if self.failed:
-                self._pieces.clear()
+                self._input.drop()
                 return events
-        error = self._framing_error
-        if not self._pieces and error is not None and not self._framing_error_acted_on and not self.failed:
-            self._framing_error_acted_on = True
+        error = None if self.failed else self._input.fault()
+        if error is not None:
             events += self.fail(str(error)) if self.adopted else self._keep(error)
         return events
 
@@ -160,12 +146,12 @@ class Session:
         Called once the UDF is known: what was kept before must be acted on first."""
         if not self.adopted:
             raise RuntimeError("end of input before the session's UDF is known")
-        events = self.next_events(now, len(self._pieces))
+        events = self.next_events(now, len(self._input))
         if self.failed:
             return events
         try:
             if not truncated_ok:
-                self._splitter.close()
+                self._input.close()
         except ProtocolError as exc:
             return [*events, *self.fail(str(exc))]
         return [*events, *self.finish()]
