@@ -141,3 +141,43 @@ def test_keepalive_requests_are_found_in_whole_frames_wherever_the_input_was_cut
     carry.sent(stream[cut:])
     rest, end = carry.keepalive_requests(scanned)
     assert first + rest == [123_456_789, 7] and end == len(stream)
+
+
+def test_keeping_more_input_never_copies_what_is_kept():
+    """The relay's input thread keeps each chunk it forwards. Kept in one growing buffer, the
+    first append after a checkpoint trimmed its front copied everything kept (up to 256 MiB)
+    while holding the GIL: tens of milliseconds in which the relay forwarded nothing, a
+    KeepaliveRequest included."""
+    import tracemalloc
+
+    chunk = request(1) * (64 * 1024 // len(request(1)))
+    carry = CarryOver()
+    for _ in range(512):  # ~32 MiB kept
+        carry.sent(bytes(chunk))
+    carry.checkpointed(Checkpoint(len(chunk) * 256 + len(request(1)) * 7, INIT, b"state"))  # mid-chunk
+    more = [bytes(chunk) for _ in range(64)]  # 4 MiB more, read before it is kept
+    tracemalloc.start()
+    try:
+        for data in more:
+            carry.sent(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, f"keeping 4 MiB more allocated {peak / 2**20:.1f} MiB besides"
+    assert carry.kept_input == len(chunk) * (256 + 64) - len(request(1)) * 7
+    assert carry.replay(RESTORE)[len(INIT + RESTORE) :] == (chunk * (256 + 64))[len(request(1)) * 7 :]
+
+
+def test_the_input_kept_reads_the_same_however_it_was_cut_and_trimmed():
+    from udf_agent.serve.failover import KeptInput
+
+    data = bytes(range(256)) * 4
+    for cut in (1, 7, 100, 1024):
+        kept = KeptInput()
+        for start in range(0, len(data), cut):
+            kept.append(data[start : start + cut])
+        assert len(kept) == len(data) and kept.tail(0) == data and kept.tail(333) == data[333:]
+        kept.drop_front(150)
+        assert len(kept) == len(data) - 150 and kept.tail(0) == data[150:] and kept.tail(10) == data[160:]
+        kept.drop_front(len(data) - 150)
+        assert len(kept) == 0 and kept.tail(0) == b""

@@ -22,6 +22,7 @@ included) and every reply Kapacitor saw is dropped the same way.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 
 from udf_agent.serve.relay_link import Checkpoint
@@ -54,9 +55,49 @@ def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
         pos += length
 
 
+class KeptInput:
+    """Input bytes in the chunks they were read in: keeping more never copies what is kept
+    (one growing buffer copied all of it, up to MAX_KEPT_INPUT, at each reallocation, while
+    the relay's input thread held the GIL), and letting go of the front drops whole chunks."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes | memoryview] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, data: bytes) -> None:
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+
+    def drop_front(self, size: int) -> None:
+        """Lets go of the first ``size`` bytes."""
+        self._size -= size
+        while size:
+            first = self._chunks[0]
+            if len(first) > size:
+                self._chunks[0] = memoryview(first)[size:]
+                return
+            self._chunks.popleft()
+            size -= len(first)
+
+    def tail(self, start: int) -> bytes:
+        """The bytes kept from ``start`` on, as one."""
+        pieces: list[bytes | memoryview] = []
+        for chunk in self._chunks:
+            if start >= len(chunk):
+                start -= len(chunk)
+                continue
+            pieces.append(memoryview(chunk)[start:] if start else chunk)
+            start = 0
+        return b"".join(pieces)
+
+
 class CarryOver:
     def __init__(self) -> None:
-        self._input = bytearray()  # sent since the checkpoint
+        self._input = KeptInput()  # sent since the checkpoint
         self._input_base = 0  # where ``_input`` starts in Kapacitor's input
         self._checkpoint: Checkpoint | None = None
         self._passed = 0  # frames Kapacitor saw after the checkpoint
@@ -78,7 +119,7 @@ class CarryOver:
 
     def sent(self, data: bytes) -> None:
         """``data`` of Kapacitor's input went (or is going) to the server."""
-        self._input += data
+        self._input.append(data)
 
     def checkpointed(self, checkpoint: Checkpoint) -> None:
         """The server's checkpoint, read in its place among the output."""
@@ -87,7 +128,7 @@ class CarryOver:
         covered = checkpoint.input_bytes - self._shift - self._input_base
         if covered < 0 or covered > len(self._input):
             raise CarryOverError(f"a checkpoint at {checkpoint.input_bytes} bytes of input is outside what was sent ({self._input_base}-{self._input_base + len(self._input)})")
-        del self._input[:covered]
+        self._input.drop_front(covered)
         self._input_base += covered
         self._checkpoint = checkpoint
         self._passed = self._to_drop  # seen already: they follow the checkpoint too
@@ -130,13 +171,13 @@ class CarryOver:
         self._to_drop = self._passed
         self._head = len(head)
         self._shift = len(head) - self._input_base
-        return head + bytes(self._input)
+        return head + self._input.tail(0)
 
     def keepalive_requests(self, start: int) -> tuple[list[int], int]:
         """The times of the KeepaliveRequests in the whole frames of the input kept from
         ``start`` (a frame's start: kept input begins at one), and where the next frame starts."""
         times = []
-        data = bytes(self._input[start:])
+        data = self._input.tail(start)
         end = 0
         for frame_start, frame_end, first in frames_in(data):
             if frame_end > len(data):
@@ -148,7 +189,7 @@ class CarryOver:
 
     def since(self, mark: int) -> bytes:
         """Input kept past ``mark`` bytes (of what is kept now): what came during a replay."""
-        return bytes(self._input[mark:])
+        return self._input.tail(mark)
 
     @property
     def snapshot(self) -> bytes | None:
