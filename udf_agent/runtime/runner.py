@@ -234,7 +234,7 @@ class MicroBatchRunner:
             return False
         # The frames stay in their column (``output.joined_frames``); the rest is kept per group.
         keys, histories, states = (results.column(name).to_pylist() for name in ("key", "history", "state"))
-        outputs = results.column("output").combine_chunks()
+        outputs = results.column("output")  # a chunk per part the engine cut: never copied into one
         counts = results.column("emitted").to_numpy()
         error_column = results.column("error")
         errors: list[str | None] = [None] * len(keys) if error_column.null_count == len(keys) else error_column.to_pylist()
@@ -255,7 +255,7 @@ class MicroBatchRunner:
         for key, history, state, error in zip(keys[:ended], histories, states, errors):
             if error is None:  # a set-aside group keeps what it had
                 self.groups.keep(key, history, state)
-        done.outputs.append(outputs.slice(0, ended))
+        done.outputs += outputs.slice(0, ended).chunks
         done.counts.append(counts[:ended])
         if bad:
             done.failure = errors[bad[0]]
@@ -323,7 +323,7 @@ class MicroBatchRunner:
             self._send(self.replies.restored(None))
 
 
-def _without(outputs: pa.Array, rows: list[int]) -> pa.Array:
+def _without(outputs: pa.ChunkedArray, rows: list[int]) -> pa.ChunkedArray:
     """``outputs`` with no frames for ``rows`` (set-aside groups)."""
     import numpy as np
     import pyarrow as pa
