@@ -98,7 +98,6 @@ class ResidentWorkers:
         self._slots = ResidentSlots(session, slots, idle_release, first_worker_wait, worker_memory)
         self.slots = slots
         self._host = host
-        self.batch_timeout = batch_timeout
         # The slots' Condition guards the fair shares and the Handlers' homes too: a waiter
         # for a worker wakes when one is released or joins.
         self._cond = self._slots.cond
@@ -106,6 +105,15 @@ class ResidentWorkers:
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
         self._homes: dict[str, Worker] = {}  # where each Handler script's task's handler lives
         self._pickle_lock = threading.Lock()
+
+    @property
+    def batch_timeout(self) -> float:
+        """How long a part may compute, and wait for a slot (the grants' to enforce too)."""
+        return self._grants.batch_timeout
+
+    @batch_timeout.setter
+    def batch_timeout(self, seconds: float) -> None:
+        self._grants.batch_timeout = seconds
 
     @property
     def launches(self) -> int:

@@ -23,7 +23,7 @@ class WorkerGrants:
         self._slots = slots
         self._cond = slots.cond
         self._fair = FairShares()
-        self._batch_timeout = batch_timeout
+        self.batch_timeout = batch_timeout
 
     def held(self, key: Hashable) -> int:
         with self._cond:
@@ -90,7 +90,7 @@ class WorkerGrants:
 
     def _no_slot_cause(self, fresh_after: float | None) -> str:
         if fresh_after is None:
-            return f"no resident slot was free for this task within the batch timeout ({self._batch_timeout:g} s)"
+            return f"no resident slot was free for this task within the batch timeout ({self.batch_timeout:g} s)"
         errors = self._slots.job_errors()
         reason = first_line(errors[0]) if errors else f"no worker connected within {START_TIMEOUT:g} s"
         return f"relaunching the resident workers failed: {reason}"

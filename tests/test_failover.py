@@ -152,10 +152,10 @@ def test_keeping_more_input_never_copies_what_is_kept():
 
     chunk = request(1) * (64 * 1024 // len(request(1)))
     carry = CarryOver()
-    for _ in range(512):  # ~32 MiB kept
-        carry.sent(bytes(chunk))
+    for _ in range(512):  # 32 MiB kept, each chunk its own object as os.read gives them
+        carry.sent(bytes(bytearray(chunk)))
     carry.checkpointed(Checkpoint(len(chunk) * 256 + len(request(1)) * 7, INIT, b"state"))  # mid-chunk
-    more = [bytes(chunk) for _ in range(64)]  # 4 MiB more, read before it is kept
+    more = [bytes(bytearray(chunk)) for _ in range(64)]  # 4 MiB more, read before it is kept
     tracemalloc.start()
     try:
         for data in more:

@@ -322,5 +322,8 @@ def test_a_micro_batchs_frames_are_read_from_its_result_columns_as_they_lie():
     assert ends.tolist() == np.cumsum(sizes).tolist()
     assert joined_frames([])[0] == b"" and len(joined_frames([])[1]) == 0
     # Group after group (no arrival order given), in pieces of whole frames.
-    pieces = list(output_pieces([first, second], np.array([2, 0, 1, 1, 0, 3]), None, REFERENCE))
+    # Each task table's frames are joined as it is computed, then the slices one after another.
+    slices = [joined_frames([first]), joined_frames([second])]
+    pieces = list(output_pieces(slices, np.array([2, 0, 1, 1, 0, 3]), None, REFERENCE))
     assert b"".join(pieces) == b"".join(frames[:7])
+    assert all(piece for piece in pieces)

@@ -1,8 +1,9 @@
 """A micro-batch's output frames as the pieces handed to the writer, in the order they leave.
 
-The frames come as the engine's result columns (Arrow binary, one row per group): their bytes
-are taken from the columns' buffers, so no Python object is made per group or per point on
-the way to the writer.
+The frames come as the engine's result columns (Arrow binary, one row per group): each task
+table's bytes are taken from its column's buffers as soon as it is computed (the rest of the
+result, histories included, is then let go), so no Python object is made per group or per point
+on the way to the writer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def joined_frames(outputs: Sequence[pa.Array]) -> tuple[bytes, np.ndarray]:
         if column.null_count:
             column = column.fill_null(b"")
         _, offsets_buffer, data_buffer = column.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[column.offset : column.offset + len(column) + 1].astype(np.int64)
+        offset_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
+        offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset : column.offset + len(column) + 1].astype(np.int64)
         if len(offsets) < 2:
             continue
         first, last = int(offsets[0]), int(offsets[-1])
@@ -38,12 +40,18 @@ def joined_frames(outputs: Sequence[pa.Array]) -> tuple[bytes, np.ndarray]:
     return b"".join(pieces), np.concatenate(ends) if ends else np.zeros(0, np.int64)
 
 
-def output_pieces(outputs: Sequence[pa.Array], counts: np.ndarray, grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
-    """Each group's output frames (``outputs``, ``counts`` frames each, in group order), in input
-    arrival order across groups when every group gave one frame per new point (1:1 UDFs, as a
-    per-point agent would) and ``grouped`` says how the input arrived, else group after group.
-    In pieces of whole frames, so keepalive replies get in between."""
-    data, ends = joined_frames(outputs)
+def output_pieces(slices: Sequence[tuple[bytes, np.ndarray]], counts: np.ndarray, grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
+    """Each group's output frames (``slices``: each task table's ``joined_frames``; ``counts``
+    frames a group, in group order), in input arrival order across groups when every group gave
+    one frame per new point (1:1 UDFs, as a per-point agent would) and ``grouped`` says how the
+    input arrived, else group after group. In pieces of whole frames, so keepalive replies get
+    in between."""
+    if len(slices) == 1:
+        data, ends = slices[0]
+    else:
+        starts = np.cumsum([0] + [len(frames) for frames, _ in slices[:-1]])
+        data = b"".join(frames for frames, _ in slices)
+        ends = np.concatenate([slice_ends + start for (_, slice_ends), start in zip(slices, starts)]) if slices else np.zeros(0, np.int64)
     if not data:
         return
     if grouped is not None and len(grouped) > 1 and np.array_equal(grouped.counts, counts):

@@ -72,7 +72,7 @@ class UDFError(RuntimeError):
 class _Computed:
     """What the slices of one micro-batch gave, in group order."""
 
-    outputs: list[pa.Array] = field(default_factory=list)  # each slice's frames, a row per group
+    frames: list[tuple[bytes, np.ndarray]] = field(default_factory=list)  # each slice's, and where each group's end
     counts: list[np.ndarray] = field(default_factory=list)  # ... and how many frames each group gave
     failure: str | None = None  # the error of the first failed group, when it ends the task
     set_aside: bool = False  # some groups' points were skipped (--on-error)
@@ -177,7 +177,7 @@ class MicroBatchRunner:
         self.stats.points_out += int(counts.sum())
         self.stats.computed = engine.name
         in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.outputs, counts, in_order_of, kernels):
+        for piece in output_pieces(done.frames, counts, in_order_of, kernels):
             self.writer.send(piece)
         if done.failure is not None:
             log.error("%s", done.failure)
@@ -232,7 +232,8 @@ class MicroBatchRunner:
             return True
         if self.abandoned:
             return False
-        # The frames stay in their column (``output.joined_frames``); the rest is kept per group.
+        # The frames are read from their column now (``output.joined_frames``): the result's
+        # buffers, histories included, are let go with it. The rest is kept per group.
         keys, histories, states = (results.column(name).to_pylist() for name in ("key", "history", "state"))
         outputs = results.column("output")  # a chunk per part the engine cut: never copied into one
         counts = results.column("emitted").to_numpy()
@@ -255,7 +256,9 @@ class MicroBatchRunner:
         for key, history, state, error in zip(keys[:ended], histories, states, errors):
             if error is None:  # a set-aside group keeps what it had
                 self.groups.keep(key, history, state)
-        done.outputs += outputs.slice(0, ended).chunks
+        from udf_agent.runtime.output import joined_frames
+
+        done.frames.append(joined_frames(outputs.slice(0, ended).chunks))
         done.counts.append(counts[:ended])
         if bad:
             done.failure = errors[bad[0]]
