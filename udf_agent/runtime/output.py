@@ -46,12 +46,13 @@ def output_pieces(slices: Sequence[tuple[bytes, np.ndarray]], counts: np.ndarray
     one frame per new point (1:1 UDFs, as a per-point agent would) and ``grouped`` says how the
     input arrived, else group after group. In pieces of whole frames, so keepalive replies get
     in between."""
-    if len(slices) == 1:
-        data, ends = slices[0]
-    else:
+    if not slices:
+        return
+    data, ends = slices[0]
+    if len(slices) > 1:  # over TASK_SLICE_GROUPS groups: the slices one after another
         starts = np.cumsum([0] + [len(frames) for frames, _ in slices[:-1]])
         data = b"".join(frames for frames, _ in slices)
-        ends = np.concatenate([slice_ends + start for (_, slice_ends), start in zip(slices, starts)]) if slices else np.zeros(0, np.int64)
+        ends = np.concatenate([slice_ends + start for (_, slice_ends), start in zip(slices, starts)])
     if not data:
         return
     if grouped is not None and len(grouped) > 1 and np.array_equal(grouped.counts, counts):

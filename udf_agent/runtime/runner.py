@@ -235,7 +235,7 @@ class MicroBatchRunner:
         # The frames are read from their column now (``output.joined_frames``): the result's
         # buffers, histories included, are let go with it. The rest is kept per group.
         keys, histories, states = (results.column(name).to_pylist() for name in ("key", "history", "state"))
-        outputs = results.column("output")  # a chunk per part the engine cut: never copied into one
+        outputs = results.column("output")  # a chunk per part the engine cut
         counts = results.column("emitted").to_numpy()
         error_column = results.column("error")
         errors: list[str | None] = [None] * len(keys) if error_column.null_count == len(keys) else error_column.to_pylist()

@@ -28,8 +28,10 @@ class TaskTables(Protocol):
     """A micro-batch's task tables, read one after another (each may need the state the one
     before it left), and what its output's order and failures need to know."""
 
-    # How the points arrived, when 1:1 output can go back in that order (stream micro-batches).
-    arrival: GroupedPoints | None
+    @property
+    def arrival(self) -> GroupedPoints | None:
+        """How the points arrived, when 1:1 output can go back in that order (stream micro-batches)."""
+        ...
 
     def __iter__(self) -> Iterator[pa.Table]: ...
 
@@ -45,12 +47,11 @@ class StreamTaskTables:
 
     def __init__(self, batch: MicroBatch, store: GroupStore, kernels: WireKernels):
         assert isinstance(batch, StreamMicroBatch)  # a stream task's intake makes no other
-        self.arrival: GroupedPoints | None = batch.grouped(kernels)
+        self.arrival = batch.grouped(kernels)
         self._store = store
 
     def __iter__(self) -> Iterator[pa.Table]:
         grouped = self.arrival
-        assert grouped is not None
         data = grouped.arrow()
         for first in range(0, len(grouped), TASK_SLICE_GROUPS):
             last = min(len(grouped), first + TASK_SLICE_GROUPS)
@@ -67,7 +68,6 @@ class StreamTaskTables:
             yield pa.table(columns, schema=TASK_SCHEMA)
 
     def points_in(self, tasks: pa.Table, rows: Sequence[int]) -> list[int]:
-        assert self.arrival is not None
         first = tasks.column("seq")[0].as_py()  # a slice's groups' counts are known
         return [int(self.arrival.counts[first + row]) for row in rows]
 
@@ -78,7 +78,7 @@ class BatchTaskTables:
     with one batch per group at most, each run's state read (lazily, by the caller's iteration)
     once the run before it is kept."""
 
-    arrival: GroupedPoints | None = None  # output goes group after group
+    arrival = None  # output goes group after group
 
     def __init__(self, batch: MicroBatch, store: GroupStore, kernels: WireKernels):
         assert isinstance(batch, BatchMicroBatch)  # a batch task's intake makes no other
