@@ -297,7 +297,7 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
     ours, theirs = socket.socketpair()
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(handshake))
-        assert agent.session.allow_modules == ("mypkg", "other.functions")
+        assert agent.session.binding.allow_modules == ("mypkg", "other.functions")
     # A launch remembered before the option existed carries none.
     assert AgentConfig.from_options({"on_error": ("fail", None)}).allow_modules == ()
 

@@ -17,7 +17,7 @@ import pytest
 
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
-from udf_agent.runtime.events import Compute, Emit, Fail, Restore, Send, Started
+from udf_agent.runtime.events import Compute, Emit, Fail, Restore, Send, Started, TakeCheckpoint
 from udf_agent.runtime.flushing import FLOWING_POINTS, FlushPolicy
 from udf_agent.runtime.session import Session
 from udf_agent.targets import FUNCTION_TARGETS
@@ -567,7 +567,7 @@ def test_session_guard_has_no_init_or_info_reply_outstanding_after_answering():
     s = started()
     drive(s, [info()])
     assert s.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True))) is None
-    assert s.guard.reply(udf_pb2.Response(info=s.info())) is None
+    assert s.guard.reply(udf_pb2.Response(info=s.binding.info())) is None
 
 
 # ---- OutputGuard ----
@@ -783,12 +783,13 @@ def _wire(*requests: udf_pb2.Request) -> bytes:
     return b"".join(encode_frame(r) for r in requests)
 
 
-_STREAM = _wire(
+_STREAM_REQUESTS = (
     init(*MOVING_AVG_OPTIONS),
     *(point(t, "abc"[t % 3], float(t)) for t in range(6)),
     keepalive(7),
     *(point(t, "abc"[t % 3], float(t)) for t in range(6, 13)),
 )
+_STREAM = _wire(*_STREAM_REQUESTS)
 
 
 def test_bytes_fed_whole_split_anywhere_or_a_byte_at_a_time_give_the_same_events():
@@ -808,6 +809,25 @@ def test_the_compiled_splitter_takes_over_mid_frame_and_changes_no_event():
         s.use_compiled_splitter(FastFrameSplitter.continuing)
         events += _feed(s, [_STREAM[cut:]])
         assert _summary(events) == reference, cut
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python splitter", "compiled scanner"])
+def test_a_checkpoint_counts_the_bytes_of_the_frames_acted_on_wherever_the_input_was_cut(compiled):
+    """What a relay trims from the input it keeps: every whole frame acted on, length prefix
+    included, and not a byte of a frame still being read."""
+    frame_ends: list[int] = []
+    for frame in (encode_frame(r) for r in _STREAM_REQUESTS):
+        frame_ends.append((frame_ends[-1] if frame_ends else 0) + len(frame))
+    assert frame_ends[-1] == len(_STREAM)
+    for cut in range(1, len(_STREAM)):
+        s = session(max_batch_points=4)
+        if compiled:
+            s.use_compiled_splitter(FastFrameSplitter.continuing)
+        _feed(s, [_STREAM[:cut]], eof=False)
+        whole = max([end for end in frame_ends if end <= cut], default=0)
+        assert s.bytes_acted_on == whole, cut
+        checkpoints = [e.input_bytes for e in s.checkpoint() if isinstance(e, TakeCheckpoint)]
+        assert checkpoints == ([whole] if cut >= frame_ends[0] else []), cut  # none before Init
 
 
 def test_the_compiled_splitter_keeps_counting_frames_for_error_messages():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from udf_agent.wire.frames import FrameSplitter, Piece, ProtocolError
+from udf_agent.wire.frames import FrameSplitter, Piece, PointRun, ProtocolError, RequestRun, varint_size
 
 
 class FramedInput:
@@ -19,6 +19,8 @@ class FramedInput:
         self._pieces: deque[Piece] = deque()
         self._error: ProtocolError | None = None
         self._error_told = False
+        self.frames_taken = 0
+        self.bytes_taken = 0  # of whole frames, length prefixes included
 
     def use_compiled_splitter(self, continuing: Callable[[FrameSplitter], FrameSplitter]) -> None:
         """Cuts frames with the compiled scanner from the next ``feed`` on (it takes over
@@ -43,7 +45,15 @@ class FramedInput:
         return len(self._pieces)
 
     def take(self) -> Piece:
-        return self._pieces.popleft()
+        """The next frame (a message without its length prefix) or run of frames, counted."""
+        piece = self._pieces.popleft()
+        if isinstance(piece, (PointRun, RequestRun)):
+            self.frames_taken += piece.count
+            self.bytes_taken += len(piece.frames)
+        else:
+            self.frames_taken += 1
+            self.bytes_taken += len(piece) + varint_size(len(piece))
+        return piece
 
     def drop(self) -> None:
         """The session failed: what is left is never acted on."""

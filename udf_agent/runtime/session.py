@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from udf_agent import udf_pb2
 from udf_agent.api import BindError, UDFSpec
-from udf_agent.options import OptionValues, option_info, parse_options
+from udf_agent.options import OptionValues
+from udf_agent.runtime.binding import Binding
 from udf_agent.runtime.events import Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.framing import FramedInput
 from udf_agent.runtime.intake import HandlerIntake, Intake, intake_for
@@ -33,13 +34,10 @@ from udf_agent.wire.frames import (
     encode_varint,
     parse_message,
     request_point,
-    varint_size,
 )
 from udf_agent.wire.guard import OutputGuard, keepalive_frame
 
 log = logging.getLogger(__name__)
-
-_EDGE = {"stream": udf_pb2.STREAM, "batch": udf_pb2.BATCH}
 
 # Frames acted on per ``next_events`` call: the runtime holds its lock for one call, and
 # its compute thread must never wait for the lock long.
@@ -59,35 +57,32 @@ class Session:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         allow_modules: tuple[str, ...] = (),
     ):
-        self._spec = spec
-        self.allow_modules = allow_modules
+        self.binding = Binding(spec, allow_modules)
         self.guard = OutputGuard()
-        self.options: OptionValues | None = None
         self.max_batch_points = max_batch_points
         self.failed = False
         # How the UDF's data is taken: chosen once the UDF is known (and again at a stream_fn
         # or batch_fn target's Init, which names it).
         self._intake = Intake("", max_batch_points, self.fail) if spec is None else intake_for(spec, max_batch_points, self.fail)
         self._input = FramedInput(max_frame_size)
-        self._frames_acted_on = 0
-        self._bytes_acted_on = 0  # of whole frames, length prefixes included
-        self._init_frame: bytes | None = None  # the successful InitRequest's frame
         self._early: list[Early] = []
 
     @property
     def spec(self) -> UDFSpec:
-        """The UDF; known before any request but a keepalive is acted on."""
-        if self._spec is None:
-            raise RuntimeError("the session's UDF is not known yet")
-        return self._spec
+        return self.binding.spec
 
     @property
     def adopted(self) -> bool:
-        return self._spec is not None
+        return self.binding.known
+
+    @property
+    def options(self) -> OptionValues | None:
+        """Kapacitor's options, once an Init succeeded."""
+        return self.binding.options
 
     def adopt(self, spec: UDFSpec, now: float) -> list[Event]:
         """The UDF is known: the requests kept until now are acted on, in order."""
-        self._spec = spec
+        self.binding.adopt(spec)
         self._intake = intake_for(spec, self.max_batch_points, self.fail)
         early, self._early = self._early, []
         events: list[Event] = []
@@ -131,7 +126,7 @@ class Session:
         a framing error. ``frames_waiting`` tells whether to call again."""
         events: list[Event] = []
         for _ in range(min(max_frames, len(self._input))):
-            events += self._act_on(self._input.take(), now)
+            events += self._act_on(self._input.frames_taken, self._input.take(), now)
             if self.failed:
                 self._input.drop()
                 return events
@@ -156,28 +151,19 @@ class Session:
             return [*events, *self.fail(str(exc))]
         return [*events, *self.finish()]
 
-    def _act_on(self, piece: Piece, now: float) -> list[Event]:
+    def _act_on(self, frames_before: int, piece: Piece, now: float) -> list[Event]:
         if isinstance(piece, RequestRun):  # cut so only once a Handler script's session is adopted
-            self._bytes_acted_on += len(piece.frames)
-            self._frames_acted_on += piece.count
             return self._handler().forward(piece.frames, piece.count, now) if not self.failed else []
         if isinstance(piece, PointRun):
-            self._bytes_acted_on += len(piece.frames)
-            first = self._frames_acted_on
-            self._frames_acted_on += piece.count
-            return self.receive_point_run(piece, now, first) if self.adopted else self._keep((piece, first))
-        if self._spec is not None and self._spec.handler is not None and request_point(piece) is not None:
+            return self.receive_point_run(piece, now, frames_before) if self.adopted else self._keep((piece, frames_before))
+        if self.adopted and self.spec.handler is not None and request_point(piece) is not None:
             # A Handler script's point goes to its handler as the frame it came in.
-            self._frames_acted_on += 1
-            self._bytes_acted_on += len(piece) + varint_size(len(piece))
             return self._handler().forward(encode_varint(len(piece)) + piece, 1, now) if not self.failed else []
-        self._frames_acted_on += 1
-        self._bytes_acted_on += len(piece) + varint_size(len(piece))
-        number = self._frames_acted_on
+        number = frames_before + 1
         try:
             point = request_point(piece)
             if point is not None and self.adopted:
-                return self.receive_point(point, now, number)
+                return self._point(point, now, number)
             request = parse_message(udf_pb2.Request, piece, number)
         except ProtocolError as exc:
             return self.fail(str(exc)) if self.adopted else self._keep(exc)
@@ -203,13 +189,13 @@ class Session:
         if self.spec.handler is not None and kind not in ("info", None):
             return self._handler_request(request, kind, now)
         if kind == "point":
-            return self.receive_point(request.point.SerializeToString(), now)
+            return self._point(request.point.SerializeToString(), now)
         if kind == "begin":
             return self._require_init("a BeginBatch") or self._intake.begin(request.begin)
         if kind == "end":
             return self._require_init("an EndBatch") or self._intake.end(request.end, now)
         if kind == "info":
-            return self._reply(udf_pb2.Response(info=self.info()), kind)
+            return self._reply(udf_pb2.Response(info=self.binding.info()), kind)
         if kind == "init":
             return self._init(request.init)
         if kind == "snapshot":
@@ -220,30 +206,23 @@ class Session:
             return [*self._intake.close_pending(), Restore(request.restore.snapshot)]
         return self.fail("received an empty Request (no message set)")
 
-    def info(self) -> udf_pb2.InfoResponse:
-        if self.spec.handler is not None:
-            return udf_pb2.InfoResponse.FromString(self.spec.handler.info)
-        return udf_pb2.InfoResponse(
-            wants=_EDGE[self.spec.wants],
-            provides=_EDGE[self.spec.provides],
-            options=option_info(self.spec.options),
-        )
-
     def pending_points(self) -> int:
         """Points accepted into the open micro-batch or the open Kapacitor batch."""
         return self._intake.pending_points()
 
     @property
     def bytes_acted_on(self) -> int:
-        return self._bytes_acted_on
+        """Bytes of the whole frames acted on so far, length prefixes included."""
+        return self._input.bytes_taken
 
     def checkpoint(self) -> list[Event]:
         """A checkpoint of everything acted on so far (the open micro-batch closed for it), or
         nothing where none can be taken: before a successful Init, inside a Kapacitor batch,
         after a failure, with requests kept for ``adopt``."""
-        if self.failed or self._init_frame is None or not self._intake.between_batches or self._early or not self.adopted:
+        init_frame = self.binding.init_frame
+        if self.failed or init_frame is None or not self._intake.between_batches or self._early or not self.adopted:
             return []
-        return [*self._intake.close_pending(), TakeCheckpoint(self._bytes_acted_on, self._init_frame)]
+        return [*self._intake.close_pending(), TakeCheckpoint(self.bytes_acted_on, init_frame)]
 
     def open_micro_batch(self) -> tuple[float, int] | None:
         """When the open micro-batch got its first point, and its points (None: none is open);
@@ -283,45 +262,30 @@ class Session:
         if self.options is not None:
             return self.fail("received a second InitRequest after a successful one")
         try:
-            spec, options = self.spec.bind(list(init.options), self.allow_modules)
+            spec, options = self.binding.bind(init)
         except BindError as exc:
-            return self._init_failed(str(exc))
-        self._spec = spec
+            log.error("%s", exc)
+            return self._reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=False, error=str(exc))), "init")
         self._intake = intake_for(spec, self.max_batch_points, self.fail)  # nothing was accepted before
-        self.options = options
-        self._init_frame = encode_frame(udf_pb2.Request(init=init))
         self.guard.expect("init")
         reply = self.guard.reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=True)))
         return [Started(options, reply, init.taskID, init.nodeID)] if reply is not None else []
-
-    def _init_failed(self, message: str) -> list[Event]:
-        log.error("%s", message)
-        return self._reply(udf_pb2.Response(init=udf_pb2.InitResponse(success=False, error=message)), "init")
 
     def _require_init(self, what: str) -> list[Event] | None:
         if self.options is None:
             return self.fail(f"received {what} before a successful Init")
         return None
 
-    def receive_point(self, point: bytes, now: float, frame_number: int = 0) -> list[Event]:
-        """A Point, as the bytes Kapacitor sent (see ``frames.request_point``).
-
-        Only the group is read here; the rest is decoded where the group is
-        computed, so a point malformed inside fails its micro-batch there.
-        """
-        if self.failed:
-            return []
-        return self._require_data_init() or self._intake.point(point, now, frame_number)
+    def _point(self, point: bytes, now: float, frame_number: int = 0) -> list[Event]:
+        """A Point, as the bytes Kapacitor sent (``frames.request_point``): only its group is read
+        here, the rest where the group is computed (a point malformed inside fails it there)."""
+        return [] if self.failed else self._require_data_init() or self._intake.point(point, now, frame_number)
 
     def receive_point_run(self, run: PointRun, now: float, frames_before: int = 0) -> list[Event]:
-        """Consecutive points as the compiled scanner found them (``frames.PointRun``).
-
-        A passthrough UDF's points go back as received; any other UDF's are
-        grouped by the group spans the scanner found, without parsing a point.
-        """
-        if self.failed:
-            return []
-        return self._require_data_init() or self._intake.point_run(run, now, frames_before)
+        """Consecutive points as the compiled scanner found them (``frames.PointRun``): a
+        passthrough UDF's go back as received, any other's are grouped by the group spans the
+        scanner found, without parsing a point."""
+        return [] if self.failed else self._require_data_init() or self._intake.point_run(run, now, frames_before)
 
     def _require_data_init(self) -> list[Event] | None:
         """A point before a successful Init fails the session (a Handler script's handler decides itself)."""
@@ -339,10 +303,8 @@ class Session:
             return [*intake.close_pending(), Restore(request.restore.snapshot)]
         frame = encode_frame(request)
         events: list[Event] = []
-        if kind == "init" and self._init_frame is None:
-            self._init_frame = frame
-            self.options = parse_options((), [])
-            events.append(Started(self.options, None, request.init.taskID, request.init.nodeID))
+        if kind == "init" and self.binding.init_frame is None:
+            events.append(Started(self.binding.bind_handler(frame), None, request.init.taskID, request.init.nodeID))
             intake.started_with(frame, now)
         events += intake.forward(frame, 1, now)
         if kind in ("init", "snapshot", "restore"):
