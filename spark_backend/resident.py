@@ -24,34 +24,22 @@ results travel as Arrow IPC.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
-from spark_backend.resident_protocol import (
-    FAILURE,
-    HANDLER,
-    JOB,
-    JOB_KEY_BYTES,
-    KEPT_JOBS,
-    OVER_MEMORY,
-    TASKS,
-    handler_call_parts,
-    read_handler_outcome,
-    receive_message,
-    send_message,
-)
-from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, WorkerLost, WorkerTimedOut, worker_end
+from spark_backend.resident_handlers import ResidentHandlers
+from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, send_message
+from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory, WorkerTimedOut
 from udf_agent.compute.contract import Job
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
@@ -62,14 +50,8 @@ if TYPE_CHECKING:  # the workers import this module: no Spark session code there
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
 SPLIT_BYTES = 512 * 1024
-
-
-class WorkerOverMemory(RuntimeError):
-    """A worker passed --worker-memory while computing: the UDF's own doing, not retried."""
 
 
 @dataclass(eq=False)
@@ -80,8 +62,6 @@ class _Part:
     fresh_after: float | None = None  # a retry runs on a worker that connected after this
 
 
-# After a worker is lost, how long its job gets to end and say why (Spark's crash report).
-LOSS_REPORT_WAIT = 3.0
 # The task whose tenant is not named (a caller outside an agent: tests, benchmarks).
 _ANONYMOUS = object()
 
@@ -103,7 +83,7 @@ class ResidentWorkers:
         self._cond = self._slots.cond
         self._grants = WorkerGrants(self._slots, batch_timeout)
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
-        self._homes: dict[str, Worker] = {}  # where each Handler script's task's handler lives
+        self._handlers = ResidentHandlers(self._slots, self._grants)
         self._pickle_lock = threading.Lock()
 
     @property
@@ -161,81 +141,14 @@ class ResidentWorkers:
         return pa.concat_tables(results) if len(results) > 1 else results[0]
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
-        """A Handler script's requests, on the worker its handler lives on (its home), the
-        slot granted fairly like any part; a task without a home (its first call, or its
-        worker lost or released) is given one, where its handler is built or rebuilt. A
-        worker lost during the call: the call is retried once, on the first worker free."""
+        """A Handler script's requests, on the worker its handler lives on (``resident_handlers``)."""
         if self._slots.stopped.is_set():
             raise WorkerLost("the engine was stopped")
-        key: Hashable = tenant if tenant is not None else _ANONYMOUS
-        self._await_a_worker(time.monotonic() + START_TIMEOUT)
-        retry_of: str | None = None
-        while True:
-            with self._cond:
-                home = self._homes.get(call.task)
-            # A retry may wait for the lost worker's slot to come back (when it was the only one).
-            until = time.monotonic() + (self.batch_timeout if retry_of is None else max(self.batch_timeout, START_TIMEOUT))
-            worker = self._grants.acquire(key, tenant, until, block=True, fresh_after=None, home=home)
-            assert worker is not None
-            rebuild = call.task not in worker.handlers
-            if rebuild and call.rebuild.lost is not None and (home is not None or retry_of is not None):
-                self._grants.release(worker, key, tenant)
-                raise WorkerLost(f"the handler's worker was lost and the handler cannot be rebuilt: {call.rebuild.lost}")
-            with self._cond:
-                forget, worker.forget = tuple(worker.forget), []
-            parts = handler_call_parts(dataclasses.replace(call, forget=call.forget + forget), rebuild)
-            sent_at = time.monotonic()
-            try:
-                self._exchange(worker, sent_at + self.batch_timeout, functools.partial(send_message, worker.sock, HANDLER, *parts))
-                kind, payload = self._exchange(worker, sent_at + self.batch_timeout, functools.partial(_next_message, worker))
-            except WorkerLost as lost:
-                self._grants.lose(worker, key, tenant)
-                with self._cond:
-                    self._homes.pop(call.task, None)
-                report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
-                what = f"{lost} while computing {call.script.name}'s handler{report}"
-                if retry_of is not None:
-                    raise WorkerLost(f"{call.script.name}: its handler's requests failed twice on Spark's resident workers: {retry_of}; then {what}") from None
-                # Any live worker will do (the lost one is gone from its slot, launched again):
-                # the handler is rebuilt on the first one free.
-                log.warning("%s; slot %d launched again and the handler rebuilt from its last snapshot on the first worker free", what, worker.slot)
-                retry_of = what
-                continue
-            if kind == OVER_MEMORY:
-                self._grants.lose(worker, key, tenant)
-                raise WorkerOverMemory(f"{call.script.name}: {payload.decode(errors='replace')}")
-            self._grants.release(worker, key, tenant)
-            if kind == FAILURE:
-                raise RuntimeError(f"{worker} failed: {payload.decode(errors='replace')}")
-            outcome = read_handler_outcome(payload)
-            outcome.where = f"on {worker}"
-            with self._cond:
-                if outcome.error is None:
-                    worker.handlers.add(call.task)
-                    self._homes[call.task] = worker
-                else:
-                    worker.handlers.discard(call.task)
-                    self._homes.pop(call.task, None)
-            return outcome
+        return self._handlers.call(call, tenant if tenant is not None else _ANONYMOUS, tenant)
 
     def forget_handler(self, task: str) -> None:
         """The task ended: its handler is let go with its home worker's next call."""
-        with self._cond:
-            home = self._homes.pop(task, None)
-            if home is not None:
-                home.handlers.discard(task)
-                home.forget.append(task)
-
-    def _await_a_worker(self, deadline: float) -> None:
-        """A Handler's state lives on a worker: it waits for one (no Spark job stands in)."""
-        while True:
-            try:
-                self._slots.await_first_worker()
-                return
-            except NoResidentWorker:
-                if time.monotonic() >= deadline:
-                    raise
-                self.wait_for_workers(1, 1.0)
+        self._handlers.forget(task)
 
     def stop(self) -> None:
         self._slots.stop()
@@ -268,7 +181,7 @@ class ResidentWorkers:
                     in_flight.append((part, worker, sent_at))
                 part, worker, sent_at = in_flight.popleft()
                 try:
-                    kind, payload = self._exchange(worker, sent_at + self.batch_timeout, functools.partial(_next_message, worker))
+                    kind, payload = worker.exchange(sent_at + self.batch_timeout, self.batch_timeout, worker.next_message)
                 except WorkerLost as lost:
                     self._after_loss(job, part, worker, key, tenant, lost, pending)
                     slot_wait_until = time.monotonic() + self.batch_timeout
@@ -295,24 +208,17 @@ class ResidentWorkers:
         lost_at = time.monotonic()
         self._grants.lose(worker, key, tenant)
         # A worker that ended says how (its job fails at once); a stuck one was cancelled.
-        report = "" if isinstance(lost, WorkerTimedOut) else self._crash_report(worker)
+        report = "" if isinstance(lost, WorkerTimedOut) else worker.crash_report()
         what = f"{lost} while computing UDF {job.spec.name!r}{report}"
         if part.retry_of is not None:
             raise WorkerLost(f"UDF {job.spec.name!r}: a micro-batch of {part.tasks.num_rows} group(s) failed twice on Spark's resident workers: {part.retry_of}; then {what}")
         log.warning("%s; slot %d launched again and the part of %d group(s) retried once", what, worker.slot, part.tasks.num_rows)
         pending.appendleft(_Part(part.index, part.tasks, retry_of=what, fresh_after=lost_at))
 
-    @staticmethod
-    def _crash_report(worker: Worker) -> str:
-        """What Spark saw of a lost worker's end, once its job has ended."""
-        worker.job.join(LOSS_REPORT_WAIT)
-        error = worker.job.error
-        return f" ({worker_end(error)})" if error is not None else ""
-
     def _send(self, worker: Worker, job: Job, part: _Part, deadline: float) -> None:
         key, pickled = self._job_pickle(job)
         payload = table_to_ipc_buffer(part.tasks)
-        self._exchange(worker, deadline, functools.partial(self._send_tasks, worker, key, pickled, payload))
+        worker.exchange(deadline, self.batch_timeout, functools.partial(self._send_tasks, worker, key, pickled, payload))
 
     def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, payload: pa.Buffer) -> None:
         if key not in worker.jobs:
@@ -323,7 +229,7 @@ class ResidentWorkers:
 
     def _settle(self, worker: Worker, key: Hashable, tenant: Tenant | None, deadline: float) -> None:
         try:
-            kind, _ = self._exchange(worker, deadline, functools.partial(_next_message, worker))
+            kind, _ = worker.exchange(deadline, self.batch_timeout, worker.next_message)
         except WorkerLost:
             self._grants.lose(worker, key, tenant)
             return
@@ -331,18 +237,6 @@ class ResidentWorkers:
             self._grants.lose(worker, key, tenant)
         else:
             self._grants.release(worker, key, tenant)
-
-    def _exchange(self, worker: Worker, deadline: float, action: Callable[[], T]) -> T:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise WorkerTimedOut(f"{worker} returned no result within the batch timeout ({self.batch_timeout:g} s)")
-        worker.sock.settimeout(remaining)
-        try:
-            return action()
-        except TimeoutError:
-            raise WorkerTimedOut(f"{worker} returned no result within the batch timeout ({self.batch_timeout:g} s)") from None
-        except OSError as exc:
-            raise WorkerLost(f"{worker} was lost: {exc}") from None
 
     def _job_pickle(self, job: Job) -> tuple[bytes, bytes]:
         with self._pickle_lock:
@@ -356,14 +250,6 @@ class ResidentWorkers:
                 while len(self._pickled) > KEPT_JOBS:
                     self._pickled.popitem(last=False)
             return cached[1], cached[2]
-
-
-def _next_message(worker: Worker) -> tuple[int, bytearray]:
-    """The worker's next message; its end of stream counts as losing it."""
-    message = receive_message(worker.sock)
-    if message is None:
-        raise ConnectionError("it closed its connection")
-    return message
 
 
 def _split(tasks: pa.Table, workers: int, at_least: int = 1) -> list[pa.Table]:

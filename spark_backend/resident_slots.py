@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, receive_message, send_message
 from spark_backend.resident_worker import serve_slot
@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # On a cluster or Spark Connect a micro-batch waits this long after a launch for the first
 # worker to connect; past it, micro-batches run as Spark jobs until one does (Spark's
@@ -44,6 +46,8 @@ START_TIMEOUT = 120.0
 RELAUNCH_INTERVAL = 30.0
 # ... and at most this often when a micro-batch waits for it (a retry, after an idle release).
 FORCED_RELAUNCH_INTERVAL = 1.0
+# After a worker is lost, how long its job gets to end and say why (Spark's crash report).
+LOSS_REPORT_WAIT = 3.0
 
 
 class WorkerLost(Exception):
@@ -52,6 +56,10 @@ class WorkerLost(Exception):
 
 class WorkerTimedOut(WorkerLost):
     """A worker returned nothing within the batch timeout (stuck, or a UDF that slow)."""
+
+
+class WorkerOverMemory(RuntimeError):
+    """A worker passed --worker-memory while computing: the UDF's own doing, not retried."""
 
 
 class NoResidentWorker(Exception):
@@ -84,6 +92,32 @@ class Worker:
 
     def __str__(self) -> str:
         return f"resident worker {self.slot} (pid {self.pid})"
+
+    def exchange(self, deadline: float, batch_timeout: float, action: Callable[[], T]) -> T:
+        """``action`` on the connection, by ``deadline``: WorkerTimedOut past it, WorkerLost
+        if the connection fails."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WorkerTimedOut(f"{self} returned no result within the batch timeout ({batch_timeout:g} s)")
+        self.sock.settimeout(remaining)
+        try:
+            return action()
+        except TimeoutError:
+            raise WorkerTimedOut(f"{self} returned no result within the batch timeout ({batch_timeout:g} s)") from None
+        except OSError as exc:
+            raise WorkerLost(f"{self} was lost: {exc}") from None
+
+    def next_message(self) -> tuple[int, bytearray]:
+        """The worker's next message; its end of stream counts as losing it."""
+        message = receive_message(self.sock)
+        if message is None:
+            raise ConnectionError("it closed its connection")
+        return message
+
+    def crash_report(self) -> str:
+        """What Spark saw of the worker's end, once its job has ended (after a loss)."""
+        self.job.join(LOSS_REPORT_WAIT)
+        return f" ({worker_end(self.job.error)})" if self.job.error is not None else ""
 
 
 @dataclass(eq=False)
