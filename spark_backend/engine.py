@@ -7,7 +7,7 @@ to hand them to Spark (``SparkSettings.dispatch``):
 - ``resident`` (default): Spark's resident workers (``resident.py``), one
   long-running ``mapInPandas`` task per slot, fed over a socket: a micro-batch
   costs milliseconds beyond its computation.
-- ``jobs``: one Spark job per micro-batch, a DataFrame with a row per task
+- ``jobs``: one Spark job per micro-batch (``spark_jobs.py``), a DataFrame with a row per task
   computed by ``mapInPandas``. Nothing but Spark connects anywhere, for clusters
   whose executors cannot reach the agent, at 0.2-0.5 s per micro-batch.
 
@@ -19,7 +19,6 @@ out for Kapacitor, where many small groups are the normal case.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -35,22 +34,15 @@ from spark_backend.resident import ResidentWorkers
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker
 from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
+from spark_backend.spark_jobs import run_as_job, run_until_resident
 from udf_agent.api import UDFSpec
-from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_ddl
+from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import EngineStartError, Tenant
 from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
-from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
 from udf_agent.runtime.collector import freeze_startup_objects
 
 log = logging.getLogger(__name__)
-
-# What a Spark job per micro-batch declares: the compute contract's own schemas.
-TASK_DDL = spark_ddl(TASK_SCHEMA)
-RESULT_DDL = spark_ddl(RESULT_SCHEMA)
-
-# How often a micro-batch running as a Spark job checks whether a resident worker connected.
-CANCEL_CHECK_INTERVAL = 0.5
 
 # How often the log says how long Spark has been starting.
 START_REPORT_INTERVAL = 5.0
@@ -207,7 +199,8 @@ class SparkEngine:
     def _run(self, job: Job, tasks: pa.Table, tenant: Tenant | None) -> pa.Table:
         resident = self._resident
         if resident is None:
-            return self._run_as_job(job, tasks)
+            assert self._session is not None  # ready
+            return run_as_job(self._session, job, tasks)
         while True:
             try:
                 results = resident.run(job, tasks, tenant)
@@ -215,7 +208,9 @@ class SparkEngine:
                 if not self._fell_back:  # each switch is logged, not every micro-batch
                     log.info("%s: micro-batches run as Spark jobs until one connects", exc)
                 self._fell_back = True
-                fallback = self._run_until_resident(resident, job, tasks)
+                assert self._session is not None  # ready
+                tag = f"udf-agent-fallback-{os.getpid()}-{id(self)}-{next(self._fallbacks)}"
+                fallback = run_until_resident(self._session, resident, job, tasks, self.settings.batch_timeout, tag)
                 if fallback is None:
                     continue  # a worker connected: the micro-batch goes to it
                 return fallback
@@ -223,55 +218,6 @@ class SparkEngine:
                 log.info("micro-batches run on Spark's resident workers again")
             self._fell_back = False
             return results
-
-    def _run_until_resident(self, resident: ResidentWorkers, job: Job, tasks: pa.Table) -> pa.Table | None:
-        """The micro-batch as a Spark job, cancelled (None) as soon as a resident worker
-        connects: the job may be waiting for the very cores the resident tasks now hold.
-        Past --batch-timeout it is cancelled and fails (a cluster that forgot the application,
-        a master restarted without recovery, gives it no core ever)."""
-        assert self._session is not None
-        session = self._session
-        tag = f"udf-agent-fallback-{os.getpid()}-{id(self)}-{next(self._fallbacks)}"
-        done = threading.Event()
-        cancelled = threading.Event()
-        timed_out = threading.Event()
-        deadline = time.monotonic() + self.settings.batch_timeout
-
-        def cancel_once_resident_or_late() -> None:
-            while not done.wait(CANCEL_CHECK_INTERVAL):
-                late = time.monotonic() >= deadline
-                if late:
-                    timed_out.set()
-                elif resident.connected():
-                    cancelled.set()
-                if late or cancelled.is_set():
-                    session.cancel(tag)  # again until the job ends: it may not be submitted yet
-
-        threading.Thread(target=cancel_once_resident_or_late, name="spark-fallback-cancel", daemon=True).start()
-        session.tag_jobs(tag)
-        try:
-            return self._run_as_job(job, tasks)
-        except Exception as exc:
-            if cancelled.is_set():
-                return None
-            if timed_out.is_set():
-                raise RuntimeError(
-                    f"the micro-batch ran as a Spark job (no resident worker connected) for longer than --batch-timeout ({self.settings.batch_timeout:g} s): "
-                    f"Spark gave it no core or did not finish it; cancelled ({first_line(exc)})"
-                ) from exc
-            raise
-        finally:
-            done.set()
-            session.untag_jobs(tag)
-
-    def _run_as_job(self, job: Job, tasks: pa.Table) -> pa.Table:
-        assert self._session is not None  # ready
-        frame = self._session.dataframes.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
-        results = frame.mapInPandas(functools.partial(run_partition, job), schema=RESULT_DDL).toPandas()
-        results = results.sort_values("seq", kind="stable").reset_index(drop=True)
-        for column in ("output", "history"):
-            results[column] = [bytes(v) if v is not None else None for v in results[column]]
-        return pa.Table.from_pandas(results[RESULT_SCHEMA.names], schema=RESULT_SCHEMA, preserve_index=False)
 
     def stop(self) -> None:
         if self._resident is not None:

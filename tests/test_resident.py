@@ -15,6 +15,7 @@ from udfs import sample
 from spark_backend.resident import ResidentWorkers, WorkerLost, WorkerOverMemory, _split
 from spark_backend.resident_protocol import KEPT_JOBS, MAX_GATHERED, JobCache, describe_failure, receive_message, send_message
 from spark_backend.resident_slots import START_TIMEOUT
+from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.errors import first_line
@@ -305,8 +306,6 @@ def _hold_a_core(started: str, frames):
 def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeout(spark_engine, tmp_path):
     """No resident worker, and Spark gives the fallback job no core (a cluster that forgot
     the application looks the same): cancelled at --batch-timeout, saying so, not waited for."""
-    from spark_backend import SparkEngine, SparkSettings
-
     session = spark_engine.session
     blocker_group = "test-holds-the-third-core"
     holding = tmp_path / "holding"
@@ -318,7 +317,6 @@ def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeo
         except Exception:
             pass  # cancelled below
 
-    engine = SparkEngine(SparkSettings(master="local[3]", dispatch="jobs", batch_timeout=3.0), session=session)
     blocker = threading.Thread(target=hold, daemon=True)
     blocker.start()
     deadline = time.monotonic() + 60
@@ -329,7 +327,7 @@ def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeo
     try:
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=r"longer than --batch-timeout \(3 s\)"):
-            engine._run_until_resident(never_connected, Job(moving_avg, {"field": "i", "size": 2, "as": "avg"}), stream_tasks(rich_points(8)))
+            run_until_resident(session, never_connected, Job(moving_avg, {"field": "i", "size": 2, "as": "avg"}), stream_tasks(rich_points(8)), 3.0, "test-fallback")
         assert time.monotonic() - started < 20
     finally:
         session.cancel(blocker_group)
