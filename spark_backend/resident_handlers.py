@@ -3,8 +3,8 @@
 A Handler script's task keeps its handler, and so its state, on one worker (its home): each
 call of its requests goes there, the slot granted fairly like any part of a micro-batch
 (``resident_grants.py``). A task without a home (its first call, or its worker lost or
-released) is given the first worker free, where its handler is built, or rebuilt from its
-last snapshot.
+released) is given the free worker fewest handlers live on, where its handler is built, or
+rebuilt from its last snapshot.
 """
 
 from __future__ import annotations

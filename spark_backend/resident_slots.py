@@ -3,8 +3,9 @@ again when one is lost or ends, released after an idle spell, and retired at the
 
 A job per slot, not one job of every slot: a worker that crashes (a UDF that segfaults,
 exits, runs out of memory) fails its own job only, so the other slots' workers, and the
-tasks computing on them, go on. What runs on the workers, and who gets which, is
-``resident.ResidentWorkers``'s.
+tasks computing on them, go on. Each ``Worker`` exchanges messages with the agent itself; what
+runs on the workers is ``resident.py``'s (micro-batches) and ``resident_handlers.py``'s (Handler
+scripts), who gets which ``resident_grants.py``'s.
 """
 
 from __future__ import annotations

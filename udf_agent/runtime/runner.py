@@ -150,11 +150,11 @@ class MicroBatchRunner:
             from udf_agent.runtime.tasks import task_tables_for
 
             self._task_tables = task_tables_for(spec)
+        started = time.monotonic()
+        self.stats.micro_batch_taken(started - batch.opened_at)
         kernels = hotpath.kernels()
         task_tables = self._task_tables(batch, self.groups, kernels)
         engine = self.engines.engine_for(spec, batch.count)
-        started = time.monotonic()
-        self.stats.micro_batch_taken(started - batch.opened_at)
         self.computing = batch.count
         done = _Computed()
         try:
@@ -172,13 +172,13 @@ class MicroBatchRunner:
         from udf_agent.runtime.output import output_pieces
 
         self.stats.micro_batches += 1
-        self.stats.compute_seconds.observe(time.monotonic() - started)
         counts = np.concatenate(done.counts) if done.counts else np.zeros(0, np.int64)
         self.stats.points_out += int(counts.sum())
         self.stats.computed = engine.name
         in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
         for piece in output_pieces(done.frames, counts, in_order_of, kernels):
             self.writer.send(piece)
+        self.stats.compute_seconds.observe(time.monotonic() - started)  # task tables to output queued
         if done.failure is not None:
             log.error("%s", done.failure)
             raise UDFError(_error_summary(done.failure))
@@ -206,11 +206,11 @@ class MicroBatchRunner:
         finally:
             self.computing = 0
         self.stats.micro_batches += 1
-        self.stats.compute_seconds.observe(time.monotonic() - started)
         self.stats.computed = self.handler.where
         self.stats.points_out += outcome.written
         if outcome.output:
             self.writer.send(outcome.output)
+        self.stats.compute_seconds.observe(time.monotonic() - started)
 
     def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, task_tables: TaskTables, done: _Computed) -> bool:
         """Runs one task table and keeps its groups' new history and state; False once a
