@@ -109,6 +109,8 @@ class RunResult:
     stderr_tail: list[str] = field(default_factory=list)
     repeats_steady_pps: list[float | None] | None = None  # every run's, when the run was repeated
     repeats_latency_ms: list[tuple[float, float] | None] | None = None  # every paced run's (p50, p99), when repeated
+    # A paced run's micro-batches over its measured window, from the agent's metrics (given --metrics-address).
+    micro_batches: MicroBatchFigures | None = None
     keepalive_runs: int = 1  # runs whose keepalives ``keepalive`` pools
 
     @property
@@ -118,6 +120,42 @@ class RunResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class MicroBatchFigures:
+    """What the agent's own metrics say of its micro-batches over a window of a run."""
+
+    per_second: float
+    points_each: float
+    compute_ms: float  # mean, from taking a micro-batch to queueing its output
+    compute_share: float  # of the window, the compute thread busy with micro-batches
+
+
+_COUNTED = ("udf_agent_micro_batches_total", "udf_agent_points_received_total", "udf_agent_compute_seconds_sum")
+
+
+def scrape_counters(url: str) -> tuple[float, dict[str, float]]:
+    """When, and the task counters ``_COUNTED`` summed over tasks, from a Prometheus text page."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as page:
+        text = page.read().decode()
+    at = time.monotonic()
+    counters = dict.fromkeys(_COUNTED, 0.0)
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in counters:
+            counters[name] += float(line.rsplit(" ", 1)[1])
+    return at, counters
+
+
+def micro_batch_figures(start: tuple[float, dict[str, float]], end: tuple[float, dict[str, float]]) -> MicroBatchFigures | None:
+    seconds = end[0] - start[0]
+    batches, points, computing = (end[1][name] - start[1][name] for name in _COUNTED)
+    if seconds <= 0 or batches <= 0:
+        return None
+    return MicroBatchFigures(batches / seconds, points / batches, computing / batches * 1000, computing / seconds)
 
 
 class _Failure(Exception):
@@ -495,10 +533,13 @@ def run_paced(
     warmup_seconds: float,
     time_limit: float,
     warm_log: str | None = None,
+    metrics_url: str | None = None,
 ) -> RunResult:
     """One point per write at ``rate`` points/s; latency from each write to its output point (matched by time).
 
     With ``warm_log``, the paced points start only once the agent has logged a line containing it.
+    With ``metrics_url`` (the agent's ``/metrics``), its micro-batches over the measured points
+    (``RunResult.micro_batches``), scraped as the first is written and once the last is out.
     """
     warmup_points = 1 + int(rate * warmup_seconds)
     measured_points = int(rate * seconds)
@@ -513,6 +554,7 @@ def run_paced(
     agent = AgentProcess(command, deadline, track_points=True)
     sent_at: dict[int, float] = {}
     keepalives_sent: dict[int, float] = {}
+    window_start: list[tuple[float, dict[str, float]]] = []
     try:
         init_sent, init_answer = agent.init(init, deadline)
         result.init_answer_ms = init_answer * 1000
@@ -534,6 +576,8 @@ def run_paced(
             if pause > 0:
                 time.sleep(pause)
             now = time.monotonic()
+            if index == warmup_points and metrics_url is not None:  # off the pacing thread
+                threading.Thread(target=lambda: window_start.append(scrape_counters(metrics_url)), daemon=True).start()
             if index >= warmup_points:
                 sent_at[workload.time_of(index)] = now
             agent.write(data[index * length : (index + 1) * length])
@@ -547,6 +591,8 @@ def run_paced(
         result.points_sent = total
         settle = min(deadline, time.monotonic() + 30)
         agent.wait_for(lambda: agent.tally.points >= total, settle)
+        if metrics_url is not None and window_start:
+            result.micro_batches = micro_batch_figures(window_start[0], scrape_counters(metrics_url))
         _finish(agent, result, total, started)
     except (_Failure, BrokenPipeError, ConnectionResetError) as failure:
         _record_failure(agent, result, failure)

@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -393,15 +394,20 @@ class Bench:
                 else:
                     deployments = ((f"own Spark, {COMPUTED_ON_SPARK}", ours(udf, s)), (f"default: relay + shared server, {COMPUTED_ON_SPARK}", shared(udf, shared_dir)))
                 for deployment, command in deployments:
+                    metrics_url = None
                     if command.env is not None:
                         self.say(f"{command.label}: warming the shared server")
                         warm_shared_server(udf, shared_dir, init)
+                    elif udf != "mirror":  # its own Spark: its micro-batches, from its metrics
+                        port = _free_port()
+                        command = dataclasses.replace(command, argv=[*command.argv, "--metrics-address", f"127.0.0.1:{port}"])
+                        metrics_url = f"http://127.0.0.1:{port}/metrics"
                     # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.
                     warm_log = ENGINE_READY_LOG if command.env is None and udf != "mirror" else None
-                    result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment}")
+                    result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment}", metrics_url)
                     self._latency_rows(f"{udf}, {deployment}", result, baseline_result, measured, p50_goal, p99_goal)
 
-    def _paced(self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str) -> RunResult:
+    def _paced(self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str, metrics_url: str | None = None) -> RunResult:
         """``--repeat`` paced runs; the one with the median p50 is reported, and every run's
         p50 and p99 are in its row's note."""
         s = self.settings
@@ -411,7 +417,7 @@ class Bench:
                 f"{command.label}: {int(s.latency_rate * s.latency_seconds):,} points at {s.latency_rate:,.0f} points/s, one per write"
                 + (f" (run {attempt + 1} of {s.repeat})" if s.repeat > 1 else "")
             )
-            result = run_paced(command, init, workload, s.latency_rate, s.latency_seconds, s.latency_warmup_seconds, s.time_limit(workload.points), warm_log)
+            result = run_paced(command, init, workload, s.latency_rate, s.latency_seconds, s.latency_warmup_seconds, s.time_limit(workload.points), warm_log, metrics_url)
             p50, p99 = (result.latency.p50_ms, result.latency.p99_ms) if result.latency else (None, None)
             self.say(f"  -> {result.status}, p50 {_number(p50)} ms, p99 {_number(p99)} ms" + (f" ({result.error})" if result.error else ""))
             self._keep(record, key if s.repeat == 1 else f"{key} (run {attempt + 1})", result)
@@ -445,6 +451,17 @@ class Bench:
             if goal is not None and missing:
                 row.met = False
             self.rows.append(row)
+        batches = mine_run.micro_batches
+        if batches is not None:
+            # Where the time goes: a point waits for the micro-batch under way, then its own.
+            rate = f"at {self.settings.latency_rate:,.0f} points/s, {label}"
+            for figure, value, unit in (
+                ("micro-batches a second", batches.per_second, "/s"),
+                ("points a micro-batch", batches.points_each, "points"),
+                ("a micro-batch, taken to output queued (mean)", batches.compute_ms, "ms"),
+                ("compute thread busy with micro-batches", batches.compute_share * 100, "%"),
+            ):
+                self.rows.append(make_row("latency", f"{figure} {rate}", value, unit, note="the agent's metrics, same run" if unit == "/s" else ""))
 
     def case_memory(self, record: dict[str, Any]) -> None:
         s = self.settings
@@ -535,6 +552,13 @@ def _median_run(results: list[RunResult]) -> RunResult:
         keepalive=LatencyStats.pooled([run.keepalive for run in results]),
         keepalive_runs=len(results),
     )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def _median_latency_run(results: list[RunResult]) -> RunResult:

@@ -263,3 +263,51 @@ def test_kapacitor_harness_splits_a_trees_cpu_by_process_and_tells_each_by_its_c
     used = timeline.by_role(start, end)
     assert list(used) == ["the task's process"]
     assert 0.25 < used["the task's process"] < 0.6  # the 0.3 s spun, the samples 0.1 s apart
+
+
+def test_a_paced_runs_micro_batch_figures_come_from_the_agents_metrics_page():
+    """What run.py's latency case reports of the micro-batches: counters of every task on the
+    page summed, differences over the window divided as the rows say."""
+    import http.server
+    import threading
+
+    from benchmarks.driver import micro_batch_figures, scrape_counters
+
+    pages = iter([
+        'udf_agent_micro_batches_total{task="t",node="n",udf="moving_avg"} 10.0\n'
+        'udf_agent_points_received_total{task="t",node="n",udf="moving_avg"} 40.0\n'
+        'udf_agent_compute_seconds_sum{task="t",node="n",udf="moving_avg"} 0.03\n'
+        "udf_agent_compute_seconds_count 10.0\n",
+        'udf_agent_micro_batches_total{task="t",node="n",udf="moving_avg"} 300.0\n'
+        'udf_agent_micro_batches_total{task="u",node="n",udf="moving_avg"} 10.0\n'
+        'udf_agent_points_received_total{task="t",node="n",udf="moving_avg"} 1200.0\n'
+        'udf_agent_points_received_total{task="u",node="n",udf="moving_avg"} 40.0\n'
+        'udf_agent_compute_seconds_sum{task="t",node="n",udf="moving_avg"} 0.9\n'
+        'udf_agent_compute_seconds_sum{task="u",node="n",udf="moving_avg"} 0.03\n'
+        '# HELP udf_agent_micro_batches_created no\n',
+    ])
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = next(pages).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        start, end = scrape_counters(url), scrape_counters(url)
+    finally:
+        server.shutdown()
+    assert start[1] == {"udf_agent_micro_batches_total": 10, "udf_agent_points_received_total": 40, "udf_agent_compute_seconds_sum": 0.03}
+    figures = micro_batch_figures((0.0, start[1]), (2.0, end[1]))
+    assert figures is not None
+    assert figures.per_second == pytest.approx(150) and figures.points_each == pytest.approx(4)
+    assert figures.compute_ms == pytest.approx(3) and figures.compute_share == pytest.approx(0.45)
+    assert micro_batch_figures((0.0, start[1]), (2.0, start[1])) is None  # no micro-batch: no figures
