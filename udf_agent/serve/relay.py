@@ -22,9 +22,10 @@ from typing import Any, NoReturn
 from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.stop_signals import on_stop_signals
-from udf_agent.runtime.transports import PIPE_SIZE, claim_stdio_fds, size_pipe
+from udf_agent.runtime.transports import claim_stdio_fds
 from udf_agent.serve.failover import CarryOver, CarryOverError
 from udf_agent.serve.relay_link import ChunkSplitter, LinkError
+from udf_agent.serve.relay_output import STOPPED_READER_TIMEOUT, KapacitorOutput, OutputAbandoned
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
 from udf_agent.wire.frames import FrameSplitter, encode_varint
 
@@ -42,8 +43,6 @@ SERVER_SEND_BUFFER = 32 * 1024
 # PAUSE, 1 ms): twice the points a read and half the wake-ups, here and in the server's
 # reader that takes what the relay sends; a keepalive waits at most 1 ms longer.
 RELAY_READ_PAUSE = 0.002
-# How often the relay answers Kapacitor's watchdog itself while no server does.
-HEARTBEAT_INTERVAL = 1.0
 # Input kept since the last checkpoint before reading waits for the next one.
 MAX_KEPT_INPUT = 256 * 1024 * 1024
 # Carry-overs of one task before a dying server fails it as it did before carry-overs.
@@ -51,13 +50,6 @@ MAX_CARRY_OVERS = 5
 # The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
 ERROR_TAG = (6 << 3) | 2
 SERVER_END_GRACE = 0.5
-# After Kapacitor closed our input, output it takes none of for this long is dropped: a task
-# abort stops reading first (as the agent's own writer does at a stop).
-STOPPED_READER_TIMEOUT = 1.0
-# While Kapacitor's end of the output is full, the relay writes again after this long: the
-# pipe (PIPE_SIZE, 256 KiB) holds 40 ms of output at 6 MB/s (60 k points/s), so Kapacitor
-# never finds it empty meanwhile, and the relay wakes ~200 times a second, not ~600.
-OUTPUT_DRAIN_PAUSE = 0.005
 
 
 def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None, script_args: tuple[str, ...] = ()) -> NoReturn:
@@ -103,10 +95,6 @@ def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, as
     os._exit(code)
 
 
-class _OutputAbandoned(Exception):
-    """Kapacitor closed the input and stopped reading the output: the task was aborted."""
-
-
 class Relay:
     """Copies stdin to the server's socket, whole frames of its answers to stdout, and logs the
     task's records it sends; keeps what it needs to carry the task over to a new server if
@@ -117,26 +105,20 @@ class Relay:
         self._labels = labels
         self._sock = _input_link(welcome)
         self._read_fd = read_fd
-        self._write_fd = write_fd
         self._rejoin = rejoin
         self._input_ended = threading.Event()
+        self._output = KapacitorOutput(write_fd, self._input_ended)
         self._chunks = ChunkSplitter()
         # Guards the carry-over's kept input and whether input goes to a server now.
         self._lock = threading.Condition()
         self._carry = CarryOver()
         self._carrying_over = False
         self._keepalives_scanned = 0  # of the kept input, while carrying over
-        self._write_lock = threading.Lock()  # the output loop and the heartbeats write stdout
-        self._heartbeats: set[str] = set()  # why the relay answers Kapacitor's watchdog itself now
-        self._heartbeat_wake = threading.Condition(self._write_lock)
         self.carry_overs = 0
 
     def run(self) -> int:
         """Relays until the server closes the connection; the exit code for the process."""
-        os.set_blocking(self._write_fd, False)  # a write must notice an abort (see _write_all)
-        # Kapacitor reads 4 KiB at a time: through a default pipe each read would wake the
-        # relay for 4 KiB more, thousands of times a second under its feed.
-        size_pipe(self._write_fd, PIPE_SIZE)
+        self._output.open()
         threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
         # SIGTERM ends the input as Kapacitor closing stdin would.
         on_stop_signals(lambda reason: self._end_input(), "the shared server finishes this task's accepted work")
@@ -157,7 +139,7 @@ class Relay:
             pass  # the server died with our input unread: judged below, as an end
         except BrokenPipeError:
             return 1  # Kapacitor no longer reads our output: nothing to tell it
-        except _OutputAbandoned:
+        except OutputAbandoned:
             log.warning("input closed and no output taken for %g s (a task abort): the rest of this task's output is dropped", STOPPED_READER_TIMEOUT)
             self._sock.close()
             return 0
@@ -194,9 +176,9 @@ class Relay:
             if frames:
                 out = self._carry.passed(frames, counted)
                 if out:
-                    self._write_all(out)
+                    self._output.write(out)
                 if not self._carry.catching_up:
-                    self._heartbeat("carry-over", False)
+                    self._output.heartbeat("carry-over", False)
             if checkpoint is None:
                 return
             with self._lock:
@@ -213,7 +195,7 @@ class Relay:
             kept = self._carry.kept_input
             self._keepalives_scanned = 0
             self._answer_keepalives()
-        self._heartbeat("carry-over", True)
+        self._output.heartbeat("carry-over", True)
         log.warning(
             "the shared Spark server (pid %d) died in the middle of the task: carrying the task over to a new one (its last checkpoint and %d bytes of input since)", self._welcome.pid, kept
         )
@@ -252,44 +234,12 @@ class Relay:
         log.error("%s", message)
         from udf_agent.wire.guard import error_frame  # protobuf, only when there is this to tell
 
-        self._heartbeat("carry-over", False)
+        self._output.heartbeat("carry-over", False)
         try:
-            self._write_all(error_frame(message))
-        except (BrokenPipeError, _OutputAbandoned):
+            self._output.write(error_frame(message))
+        except (BrokenPipeError, OutputAbandoned):
             pass
         return 1
-
-    def _heartbeat(self, reason: str, on: bool) -> None:
-        """Answers Kapacitor's watchdog with a KeepaliveResponse a second while any reason
-        holds (any reply resets it: kapacitor-udf-facts.md), from a thread started for it."""
-        with self._heartbeat_wake:
-            idle = not self._heartbeats
-            if on:
-                self._heartbeats.add(reason)
-            else:
-                self._heartbeats.discard(reason)
-            self._heartbeat_wake.notify_all()
-        if on and idle:
-            threading.Thread(target=self._beat, name="relay-heartbeat", daemon=True).start()
-
-    def _beat(self) -> None:
-        from udf_agent.wire.guard import keepalive_frame  # protobuf, only while the relay answers
-
-        with self._heartbeat_wake:
-            while self._heartbeats:
-                try:
-                    self._write_locked(keepalive_frame(time.time_ns()))
-                except (OSError, _OutputAbandoned):
-                    return
-                self._heartbeat_wake.wait(HEARTBEAT_INTERVAL)
-
-    def _write_all(self, data: bytes) -> None:
-        with self._write_lock:
-            self._write_locked(data)
-
-    def _write_locked(self, data: bytes) -> None:
-        """Writes all of DATA (caller holds ``_write_lock``): ``write_to_kapacitor``."""
-        write_to_kapacitor(self._write_fd, data, self._input_ended)
 
     def _server_ended(self) -> bool:
         """Whether the server died: a killed process closes its sockets a moment before the
@@ -341,8 +291,8 @@ class Relay:
         times, self._keepalives_scanned = self._carry.keepalive_requests(self._keepalives_scanned)
         for stamp in times:
             try:
-                self._write_all(keepalive_frame(stamp))
-            except (OSError, _OutputAbandoned):
+                self._output.write(keepalive_frame(stamp))
+            except (OSError, OutputAbandoned):
                 return
 
     def _hold_for_room(self) -> None:
@@ -351,10 +301,10 @@ class Relay:
         if self._carry.kept_input <= MAX_KEPT_INPUT:
             return
         log.warning("%d bytes of input since this task's last checkpoint: input is held until the next one", self._carry.kept_input)
-        self._heartbeat("held", True)
+        self._output.heartbeat("held", True)
         while self._carry.kept_input > MAX_KEPT_INPUT:
             self._lock.wait()
-        self._heartbeat("held", False)
+        self._output.heartbeat("held", False)
 
     def _end_input(self) -> None:
         """The server's agent sees end of input: it finishes accepted work, then closes."""
@@ -366,29 +316,6 @@ class Relay:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-
-
-def write_to_kapacitor(fd: int, data: bytes, input_ended: threading.Event) -> None:
-    """Writes all of ``data`` to ``fd`` (non-blocking), waiting for Kapacitor to read as long as
-    it may (backpressure); _OutputAbandoned once ``input_ended`` is set and no byte is taken
-    for STOPPED_READER_TIMEOUT. A full pipe is left to drain for OUTPUT_DRAIN_PAUSE between
-    writes: Kapacitor frees it 4 KiB a read, and a writer woken as soon as there is room
-    would wake for every one of them."""
-    view = memoryview(data)
-    stalled_since: float | None = None
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-            stalled_since = None
-            continue
-        except BlockingIOError:
-            pass
-        time.sleep(OUTPUT_DRAIN_PAUSE)
-        if input_ended.is_set():
-            now = time.monotonic()
-            stalled_since = stalled_since or now
-            if now - stalled_since >= STOPPED_READER_TIMEOUT:
-                raise _OutputAbandoned
 
 
 def _input_link(welcome: Welcome) -> socket.socket:
