@@ -121,6 +121,71 @@ class Worker:
         return f" ({worker_end(self.job.error)})" if self.job.error is not None else ""
 
 
+@dataclass
+class Greeting:
+    """Who a connection on the workers' port says it is, once it proved it knows the token."""
+
+    sock: socket.socket
+    slot: int
+    launch: int
+    pid: int
+
+
+class WorkerDoor:
+    """The port the resident workers connect back to: a connection is greeted only if it
+    names this agent's random token (a worker launched by it), and answered with the token."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(16)
+        self.address: tuple[str, int] | None = None
+        self._listener: socket.socket | None = None
+
+    def open(self, host: str) -> None:
+        self._listener = socket.create_server((host, 0))
+        self.address = (host, self._listener.getsockname()[1])
+
+    def close(self) -> None:
+        """Wakes ``greetings``' accept, then closes the port."""
+        listener = self._listener
+        if listener is None:
+            return
+        try:
+            listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        listener.close()
+
+    def greetings(self) -> Iterator[Greeting]:
+        """Each connection that proves it knows the token, until the door is closed."""
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed: the engine stopped
+            greeting = self._greet(sock)
+            if greeting is not None:
+                yield greeting
+
+    def _greet(self, sock: socket.socket) -> Greeting | None:
+        try:
+            sock.settimeout(10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hello = receive_message(sock)
+            if hello is None or hello[0] != HELLO:
+                raise ValueError("no hello")
+            details = json.loads(hello[1])
+            if not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
+                raise ValueError("wrong token")
+            greeting = Greeting(sock, int(details["slot"]), int(details["launch"]), int(details["pid"]))
+            send_message(sock, WELCOME, self.token.encode())
+            return greeting
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("refused a connection on the resident workers' port: %s", exc)
+            sock.close()
+            return None
+
+
 @dataclass(eq=False)
 class _Slot:
     """One resident task: its own Spark job, and its worker once connected."""
@@ -146,9 +211,7 @@ class ResidentSlots:
         self._worker_memory = worker_memory
         self.cond = threading.Condition()
         self._slots = [_Slot(index) for index in range(count)]
-        self._token = secrets.token_hex(16)
-        self._listener: socket.socket | None = None
-        self._address: tuple[str, int] | None = None
+        self._door = WorkerDoor()
         self.launches = 0  # each slot's first launch, then each relaunch; also the launch numbers
         self.worker_losses = 0
         self.released = False  # the workers were let go after an idle spell (relaunched on demand)
@@ -159,10 +222,8 @@ class ResidentSlots:
 
     def start(self, host: str) -> None:
         """Opens the workers' port on ``host`` and launches every slot; workers connect in the background."""
-        listener = socket.create_server((host, 0))
-        self._listener = listener
-        self._address = (host, listener.getsockname()[1])
-        threading.Thread(target=self._admit, args=(listener,), name="spark-resident-admit", daemon=True).start()
+        self._door.open(host)
+        threading.Thread(target=self._admit, name="spark-resident-admit", daemon=True).start()
         with self.cond:
             for slot in self._slots:
                 self._launch(slot)
@@ -172,9 +233,7 @@ class ResidentSlots:
     def stop(self) -> None:
         self.stopped.set()
         self._wake_idle_check.set()
-        listener = self._listener
-        if listener is not None:
-            _close_listener(listener)
+        self._door.close()
         with self.cond:
             retired = self._detach_all()
         self._end_jobs(retired, clean_end=5.0, after_cancel=5.0)
@@ -258,14 +317,14 @@ class ResidentSlots:
 
     def _launch(self, slot: _Slot) -> None:
         """Starts the slot's job (caller holds ``cond``); its worker connects in the background."""
-        assert self._address is not None
+        assert self._door.address is not None
         self.launches += 1
         slot.launch = self.launches
         slot.launched_at = time.monotonic()
         slot.worker = None
         slot.served = False
         slot.job_group = _job_group(slot.launch, self)
-        body = functools.partial(serve_slot, self._address, self._token, slot.index, slot.launch, self._worker_memory)
+        body = functools.partial(serve_slot, self._door.address, self._door.token, slot.index, slot.launch, self._worker_memory)
         slot.job_thread = SlotJob(functools.partial(self._run_job, slot, slot.launch, slot.job_group, body), name=f"spark-resident-job-{slot.index}")
         slot.job_thread.start()
         self._wake_idle_check.set()
@@ -290,50 +349,20 @@ class ResidentSlots:
                 self._launch(slot)  # it was serving: the slot is wanted back at once
             self.cond.notify_all()
 
-    def _admit(self, listener: socket.socket) -> None:
-        """Accepts workers for as long as the slots run: a worker is admitted to the slot
-        and launch it names, if that slot still waits for it."""
-        while not self.stopped.is_set():
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return  # the listener was closed: the engine stopped
-            worker = self._greet(sock)
-            if worker is None:
-                continue
+    def _admit(self) -> None:
+        """Admits each worker greeted at the door to the slot and launch it names, if that
+        slot still waits for it; for as long as the slots run."""
+        for greeting in self._door.greetings():
             with self.cond:
-                slot = self._slots[worker.slot] if 0 <= worker.slot < len(self._slots) else None
-                if slot is None or slot.launch != worker.launch or slot.worker is not None or self.stopped.is_set():
-                    worker.sock.close()  # a launch since retired or relaunched: its task ends
+                slot = self._slots[greeting.slot] if 0 <= greeting.slot < len(self._slots) else None
+                if slot is None or slot.launch != greeting.launch or slot.worker is not None or slot.job_thread is None or self.stopped.is_set():
+                    greeting.sock.close()  # a launch since retired or relaunched: its task ends
                     continue
-                slot.worker = worker
+                worker = slot.worker = Worker(greeting.sock, greeting.slot, greeting.launch, greeting.pid, time.monotonic(), slot.job_thread)
                 slot.served = True
                 count = self.connected()
                 self.cond.notify_all()
             log.info("%s ready: %d of %d resident Spark worker(s) connected", worker, count, self.count)
-
-    def _greet(self, sock: socket.socket) -> Worker | None:
-        try:
-            sock.settimeout(10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = receive_message(sock)
-            if hello is None or hello[0] != HELLO:
-                raise ValueError("no hello")
-            details = json.loads(hello[1])
-            if not hmac.compare_digest(str(details.get("token", "")).encode(), self._token.encode()):
-                raise ValueError("wrong token")
-            send_message(sock, WELCOME, self._token.encode())
-            slot, launch = int(details["slot"]), int(details["launch"])
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("refused a connection on the resident workers' port: %s", exc)
-            sock.close()
-            return None
-        with self.cond:
-            job = self._slots[slot].job_thread if 0 <= slot < len(self._slots) and self._slots[slot].launch == launch else None
-        if job is None:
-            sock.close()  # a launch since retired or relaunched: its task ends
-            return None
-        return Worker(sock, slot, launch, int(details["pid"]), time.monotonic(), job)
 
     # ---- retiring launches ----
 
@@ -408,15 +437,6 @@ class ResidentSlots:
 def _job_group(launch: int, owner: object) -> str:
     """The Spark job group of one launch of a slot: cancelled alone."""
     return f"udf-agent-resident-{os.getpid()}-{id(owner)}-{launch}"
-
-
-def _close_listener(listener: socket.socket) -> None:
-    """Wakes the admitting thread's accept, then closes the port."""
-    try:
-        listener.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    listener.close()
 
 
 def worker_end(error: BaseException) -> str:

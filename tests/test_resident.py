@@ -13,8 +13,8 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import ResidentWorkers, WorkerLost, WorkerOverMemory, _split
-from spark_backend.resident_protocol import KEPT_JOBS, MAX_GATHERED, JobCache, describe_failure, receive_message, send_message
-from spark_backend.resident_slots import START_TIMEOUT
+from spark_backend.resident_protocol import HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, describe_failure, receive_message, send_message
+from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
@@ -332,3 +332,33 @@ def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeo
     finally:
         session.cancel(blocker_group)
         blocker.join(30)
+
+
+def test_the_workers_door_greets_only_connections_that_know_the_token():
+    """Anything on the host can connect to the workers' port: only a worker this agent launched
+    (it was given the token) is greeted, and answered with the token so it knows its agent."""
+    import json
+    import socket
+
+    door = WorkerDoor()
+    door.open("127.0.0.1")
+    assert door.address is not None
+    greetings = []
+    admitting = threading.Thread(target=lambda: greetings.extend(door.greetings()), daemon=True)
+    admitting.start()
+
+    def hello(details: dict | bytes) -> tuple[int, bytearray] | None:
+        with socket.create_connection(door.address, timeout=10) as sock:
+            send_message(sock, HELLO, details if isinstance(details, bytes) else json.dumps(details).encode())
+            return receive_message(sock)
+
+    try:
+        assert hello({"token": "guessed", "slot": 0, "launch": 1, "pid": 7}) is None  # closed, unanswered
+        assert hello(b"not json") is None
+        assert hello({"token": door.token, "slot": 0}) is None  # no launch or pid: not a worker
+        assert hello({"token": door.token, "slot": 1, "launch": 3, "pid": 42}) == (WELCOME, bytearray(door.token.encode()))
+    finally:
+        door.close()
+        admitting.join(10)
+    assert not admitting.is_alive()  # closing the door ends the admitting loop
+    assert [(g.slot, g.launch, g.pid) for g in greetings] == [(1, 3, 42)]
