@@ -399,13 +399,16 @@ class Bench:
                         self.say(f"{command.label}: warming the shared server")
                         warm_shared_server(udf, shared_dir, init)
                     elif udf != "mirror":  # its own Spark: its micro-batches, from its metrics
-                        port = _free_port()
-                        command = dataclasses.replace(command, argv=[*command.argv, "--metrics-address", f"127.0.0.1:{port}"])
-                        metrics_url = f"http://127.0.0.1:{port}/metrics"
+                        command, metrics_url = _with_metrics(command)
                     # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.
                     warm_log = ENGINE_READY_LOG if command.env is None and udf != "mirror" else None
                     result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment}", metrics_url)
                     self._latency_rows(f"{udf}, {deployment}", result, baseline_result, measured, p50_goal, p99_goal)
+                if udf == "moving_avg":
+                    # The same path with a UDF that does nothing: what the path costs alone.
+                    floor, metrics_url = _with_metrics(AgentCommand("udf-agent benchmarks.path_floor:zeros", [sys.executable, "-m", "udf_agent", "run", "benchmarks.path_floor:zeros", "--own-spark", *s.agent_args], cwd=REPO))
+                    result = self._paced(floor, init, workload, ENGINE_READY_LOG, record, "ours zeros own Spark", metrics_url)
+                    self._latency_rows(f"a UDF that returns zeros (the path alone), own Spark, {COMPUTED_ON_SPARK}", result, baseline_result, measured, None, None)
 
     def _paced(self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str, metrics_url: str | None = None) -> RunResult:
         """``--repeat`` paced runs; the one with the median p50 is reported, and every run's
@@ -424,7 +427,7 @@ class Bench:
             results.append(result)
         return _median_latency_run(results)
 
-    def _latency_rows(self, label: str, mine_run: RunResult, theirs_run: RunResult, measured: int, p50_goal: float, p99_goal: float) -> None:
+    def _latency_rows(self, label: str, mine_run: RunResult, theirs_run: RunResult, measured: int, p50_goal: float | None, p99_goal: float | None) -> None:
         mine, theirs = mine_run.latency, theirs_run.latency
         missing = mine.unanswered if mine else measured
         runs = ""
@@ -435,8 +438,8 @@ class Bench:
         if missing:
             note = "; ".join(filter(None, [note, f"{missing} point(s) never came back"]))
         for figure, attribute, goal in (
-            ("p50", "p50_ms", value_at_most(p50_goal, "ms")),
-            ("p99", "p99_ms", value_at_most(p99_goal, "ms")),
+            ("p50", "p50_ms", None if p50_goal is None else value_at_most(p50_goal, "ms")),
+            ("p99", "p99_ms", None if p99_goal is None else value_at_most(p99_goal, "ms")),
             ("max", "max_ms", None),
         ):
             row = make_row(
@@ -554,11 +557,12 @@ def _median_run(results: list[RunResult]) -> RunResult:
     )
 
 
-def _free_port() -> int:
+def _with_metrics(command: AgentCommand) -> tuple[AgentCommand, str]:
+    """The command serving the agent's metrics on a free local port, and their address."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
-        return port
+    return dataclasses.replace(command, argv=[*command.argv, "--metrics-address", f"127.0.0.1:{port}"]), f"http://127.0.0.1:{port}/metrics"
 
 
 def _median_latency_run(results: list[RunResult]) -> RunResult:
