@@ -311,3 +311,21 @@ def test_a_paced_runs_micro_batch_figures_come_from_the_agents_metrics_page():
     assert figures.per_second == pytest.approx(150) and figures.points_each == pytest.approx(4)
     assert figures.compute_ms == pytest.approx(3) and figures.compute_share == pytest.approx(0.45)
     assert micro_batch_figures((0.0, start[1]), (2.0, start[1])) is None  # no micro-batch: no figures
+
+
+def test_the_path_floor_udf_takes_moving_avgs_init_and_answers_every_point_with_a_zero():
+    """run.py's latency case runs it with moving_avg's Init: it must accept it and answer
+    every point, or its latency would measure nothing."""
+    from test_compute import decode, rich_points, stream_tasks
+
+    from benchmarks.path_floor import zeros
+    from udf_agent.compute.contract import Job
+    from udf_agent.compute.engine import LocalEngine
+    from udf_agent.testing import option
+
+    _, bound = zeros.bind([option(name, value) for name, value in MOVING_AVG_OPTIONS])
+    assert dict(bound.raw()) == dict(MOVING_AVG_OPTIONS)
+    points = rich_points(30)
+    results = LocalEngine().run(Job(zeros, dict(bound.raw())), stream_tasks(points)).to_pandas()
+    out = [response.point for output in results["output"] for response in decode(output)]
+    assert len(out) == len(points) and {point.fieldsDouble["avg"] for point in out} == {0.0}
