@@ -153,12 +153,15 @@ def send_message(sock: socket.socket, kind: int, *parts: bytes | bytearray | mem
             pending[first] = pending[first][sent:]
 
 
-def receive_message(sock: socket.socket) -> tuple[int, bytearray] | None:
-    """The next message, or None at a clean end of stream (before a header)."""
+def receive_message(sock: socket.socket, max_length: int | None = None) -> tuple[int, bytearray] | None:
+    """The next message, or None at a clean end of stream (before a header); ValueError if
+    its payload would be over ``max_length`` bytes (nothing of it is read)."""
     header = receive_exactly(sock, HEADER.size, eof_ok=True)
     if header is None:
         return None
     kind, length = HEADER.unpack(header)
+    if max_length is not None and length > max_length:
+        raise ValueError(f"a message of {length} bytes, over the {max_length} expected")
     payload = receive_exactly(sock, length, eof_ok=False)
     assert payload is not None
     return kind, payload

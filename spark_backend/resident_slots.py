@@ -131,9 +131,14 @@ class Greeting:
     pid: int
 
 
+# A worker's hello is a line of JSON; anything longer is not one.
+HELLO_MAX_BYTES = 4096
+
+
 class WorkerDoor:
     """The port the resident workers connect back to: a connection is greeted only if it
-    names this agent's random token (a worker launched by it), and answered with the token."""
+    names this agent's random token (a worker launched by it), and answered with the token;
+    any other is refused, whatever it sends."""
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(16)
@@ -171,16 +176,17 @@ class WorkerDoor:
         try:
             sock.settimeout(10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = receive_message(sock)
+            hello = receive_message(sock, max_length=HELLO_MAX_BYTES)
             if hello is None or hello[0] != HELLO:
                 raise ValueError("no hello")
             details = json.loads(hello[1])
-            if not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
+            if not isinstance(details, dict) or not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
                 raise ValueError("wrong token")
             greeting = Greeting(sock, int(details["slot"]), int(details["launch"]), int(details["pid"]))
             send_message(sock, WELCOME, self.token.encode())
             return greeting
-        except (OSError, ValueError, KeyError) as exc:
+        # Anyone on the host may connect: whatever it sends, the door stays open for the workers.
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
             log.warning("refused a connection on the resident workers' port: %s", exc)
             sock.close()
             return None

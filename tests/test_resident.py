@@ -13,7 +13,7 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import ResidentWorkers, WorkerLost, WorkerOverMemory, _split
-from spark_backend.resident_protocol import HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, describe_failure, receive_message, send_message
+from spark_backend.resident_protocol import HEADER, HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, describe_failure, receive_message, send_message
 from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
@@ -352,10 +352,20 @@ def test_the_workers_door_greets_only_connections_that_know_the_token():
             send_message(sock, HELLO, details if isinstance(details, bytes) else json.dumps(details).encode())
             return receive_message(sock)
 
+    def huge_header() -> tuple[int, bytearray] | None:
+        with socket.create_connection(door.address, timeout=10) as sock:
+            sock.sendall(HEADER.pack(HELLO, 2**62))  # a length no hello has; nothing after it
+            return receive_message(sock)
+
     try:
         assert hello({"token": "guessed", "slot": 0, "launch": 1, "pid": 7}) is None  # closed, unanswered
         assert hello(b"not json") is None
+        assert hello(b"[]") is None
+        assert huge_header() is None
         assert hello({"token": door.token, "slot": 0}) is None  # no launch or pid: not a worker
+        assert hello({"token": door.token, "slot": None, "launch": 1, "pid": 7}) is None
+        assert hello({"token": door.token, "slot": 1e400, "launch": 1, "pid": 7}) is None  # JSON's Infinity
+        # Still open: a worker that knows the token is greeted after all of them.
         assert hello({"token": door.token, "slot": 1, "launch": 3, "pid": 42}) == (WELCOME, bytearray(door.token.encode()))
     finally:
         door.close()

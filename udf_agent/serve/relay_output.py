@@ -27,6 +27,9 @@ class OutputAbandoned(Exception):
 
 
 class KapacitorOutput:
+    """The relay's one way to Kapacitor: the output loop's frames and the heartbeats' replies,
+    each written whole under one lock."""
+
     def __init__(self, fd: int, input_ended: threading.Event):
         self._fd = fd
         self._input_ended = input_ended
