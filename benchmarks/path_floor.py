@@ -1,4 +1,5 @@
-"""A UDF that does nothing but answer every point (a zero), with moving_avg's options: run
+"""A UDF that does nothing but answer every point (a zero), with moving_avg's options and
+history: run
 as moving_avg is, its latency is what the path from Kapacitor to Spark's workers and back costs
 alone (``run.py --cases latency``)."""
 
@@ -12,7 +13,8 @@ import pandas as pd
 from udf_agent import Option, stream_udf
 
 
-@stream_udf(options=[Option("field", str), Option("size", int), Option("as", str, default="avg")], vectorized=True)
+# moving_avg's options and history: the same Init, and the same history sent with every group.
+@stream_udf(options=[Option("field", str), Option("size", int), Option("as", str, default="avg")], history=lambda options: options["size"] - 1, vectorized=True)
 def zeros(df: Any, ctx: Any) -> Any:
     """A zero for every point, in field `as`."""
     return pd.DataFrame({ctx.options["as"]: np.zeros(len(df))}, index=df.index)

@@ -406,7 +406,7 @@ class Bench:
                     self._latency_rows(f"{udf}, {deployment}", result, baseline_result, measured, p50_goal, p99_goal)
                 if udf == "moving_avg":
                     # The same path with a UDF that does nothing: what the path costs alone.
-                    floor, metrics_url = _with_metrics(AgentCommand("udf-agent benchmarks.path_floor:zeros", [sys.executable, "-m", "udf_agent", "run", "benchmarks.path_floor:zeros", "--own-spark", *s.agent_args], cwd=REPO))
+                    floor, metrics_url = _with_metrics(ours("benchmarks.path_floor:zeros", s))
                     result = self._paced(floor, init, workload, ENGINE_READY_LOG, record, "ours zeros own Spark", metrics_url)
                     self._latency_rows(f"a UDF that returns zeros (the path alone), own Spark, {COMPUTED_ON_SPARK}", result, baseline_result, measured, None, None)
 

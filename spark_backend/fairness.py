@@ -1,7 +1,7 @@
 """Who gets the next free resident slot when several tasks share one engine.
 
-Sans-IO bookkeeping (no threads, no clock of its own): ``ResidentWorkers`` calls it under its
-condition and wakes the waiters. The policy, max-min fair by slots held:
+Sans-IO bookkeeping (no threads, no clock of its own): ``resident_grants.WorkerGrants`` calls
+it under the slots' Condition and wakes the waiters. The policy, max-min fair by slots held:
 
 - A tenant (one task) is *active* while it waits for or holds a slot, and for
   ``ACTIVE_WINDOW`` seconds after its last use: a task streaming a point a second stays

@@ -256,6 +256,8 @@ def _split(tasks: pa.Table, workers: int, at_least: int = 1) -> list[pa.Table]:
     """Consecutive runs of tasks with about the same bytes of points: one per worker used
     (when the points are worth splitting), and at least ``at_least`` (so that a slow
     task's micro-batch lets other tasks' parts run between its own)."""
+    if at_least <= 1 and (workers <= 1 or tasks.column("data").nbytes < 2 * SPLIT_BYTES):
+        return [tasks]  # under 2 * SPLIT_BYTES of points: never worth splitting
     import numpy as np
     import pyarrow.compute as pc
 

@@ -372,3 +372,12 @@ def test_the_workers_door_greets_only_connections_that_know_the_token():
         admitting.join(10)
     assert not admitting.is_alive()  # closing the door ends the admitting loop
     assert [(g.slot, g.launch, g.pid) for g in greetings] == [(1, 3, 42)]
+
+
+def test_a_micro_batch_is_split_only_when_its_points_are_worth_it_or_a_share_asks():
+    small = stream_tasks(rich_points(40))
+    assert _split(small, 2) == [small]  # a few KiB: one part, whatever the workers
+    parts = _split(small, 2, at_least=3)  # a slow task's share: parts, however small
+    assert len(parts) == 3 and sum(part.num_rows for part in parts) == small.num_rows
+    big = stream_tasks(rich_points(40_000))
+    assert len(_split(big, 2)) == 2 and len(_split(big, 1)) == 1

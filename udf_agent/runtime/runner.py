@@ -103,7 +103,8 @@ class MicroBatchRunner:
 
     def adopt(self, spec: UDFSpec) -> None:
         """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it):
-        how its micro-batches are computed is chosen here, once."""
+        how its micro-batches are computed is chosen here, once (the kind of task tables at
+        the first micro-batch, to keep pyarrow off the Info path)."""
         self.spec = spec
         self._task_tables = None  # by the edge the UDF wants, at its first micro-batch
         if spec.handler is not None:

@@ -50,7 +50,11 @@ class KapacitorOutput:
 
     def heartbeat(self, reason: str, on: bool) -> None:
         """Answers Kapacitor's watchdog with a KeepaliveResponse a second while any reason
-        holds (any reply resets it: kapacitor-udf-facts.md), from a thread started for it."""
+        holds (any reply resets it: kapacitor-udf-facts.md), from a thread started for it.
+        Each reason is set and cleared by one thread (the output loop's on every chunk), so
+        clearing one that is not set is decided without the lock."""
+        if not on and reason not in self._heartbeats:
+            return
         with self._heartbeat_wake:
             idle = not self._heartbeats
             if on:
