@@ -1,4 +1,5 @@
-"""The compute thread's runner, on its own: what it measures of a micro-batch."""
+"""The compute thread's runner, on its own: what it measures of a micro-batch, and a relayed
+task's checkpoint schedule."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import moving_avg
 from udf_agent.options import parse_options
+from udf_agent.runtime.checkpoints import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, Checkpoints
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Compute
@@ -51,3 +53,19 @@ def test_a_micro_batchs_compute_time_runs_until_its_output_is_queued():
     runner.run(micro_batch(3))
     assert len(writer.frames) > written and stats.micro_batches == 2
     assert stats.compute_seconds.sum - before >= WRITER_WAIT * (len(writer.frames) - written)
+
+
+def test_a_relayed_tasks_checkpoints_are_due_by_time_or_by_input_and_a_slow_one_spaces_the_next() -> None:
+    checkpoints = Checkpoints(sink=None, now=100.0)  # type: ignore[arg-type]
+    assert not checkpoints.due(100.0 + CHECKPOINT_INTERVAL - 0.1, CHECKPOINT_INPUT_BYTES - 1)
+    assert checkpoints.due(100.0 + CHECKPOINT_INTERVAL, 0)
+    assert checkpoints.due(100.1, CHECKPOINT_INPUT_BYTES)
+    checkpoints.queued(101.0, CHECKPOINT_INPUT_BYTES)
+    assert not checkpoints.due(102.0, 2 * CHECKPOINT_INPUT_BYTES - 1)  # input counts from the last one
+    assert checkpoints.due(102.0, 2 * CHECKPOINT_INPUT_BYTES)
+    checkpoints.took(1.0)  # a checkpoint that took 1 s: the next is 50 s away (2 % of the time)
+    checkpoints.queued(110.0, 2 * CHECKPOINT_INPUT_BYTES)
+    assert not checkpoints.due(110.0 + 49.9, 2 * CHECKPOINT_INPUT_BYTES)
+    assert checkpoints.due(160.0, 2 * CHECKPOINT_INPUT_BYTES)
+    checkpoints.took(0.001)  # a fast one: back to the interval
+    assert checkpoints.interval == CHECKPOINT_INTERVAL

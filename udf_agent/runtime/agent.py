@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from udf_agent.api import UDFSpec
+from udf_agent.runtime.checkpoints import Checkpoints, CheckpointSink
 from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
@@ -23,7 +24,7 @@ from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Emit, Started
 from udf_agent.runtime.inbox import Inbox
 from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
-from udf_agent.runtime.runner import CheckpointSink, MicroBatchRunner, UDFError
+from udf_agent.runtime.runner import MicroBatchRunner, UDFError
 from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, InitReply, WorkQueue
@@ -52,17 +53,16 @@ class Agent:
         self.connection = connection
         self.engines = engines
         self.spec: UDFSpec | None = None
-        # Its Condition guards the session's protocol state too: one order for everything computed.
+        # Its Condition (``cond``) guards the session's protocol state too: one order for everything computed.
         self._work = WorkQueue()
-        self._cond = self._work.cond
         # Kapacitor's task and node IDs (from the InitRequest) and the UDF: named by every line this task logs.
         self.labels = TaskLabels()
         self.writer = Writer(connection, self.labels)
         self.stats = TaskStats()
-        self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, checkpoints)
+        relayed = Checkpoints(checkpoints, time.monotonic()) if checkpoints is not None else None
+        self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, relayed)
         # The compute thread's side: what it owns, no one else touches.
-        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, checkpoints)
-        self.groups = self.runner.groups
+        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, relayed)
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
@@ -119,12 +119,12 @@ class Agent:
     def _abandon(self) -> int:
         """A deadline passed with work left: it is dropped, and the output closed, after
         the ErrorResponse of a protocol error if there was one."""
-        with self._cond:
+        with self._work.cond:
             self.runner.abandoned = True
             not_computed = self.runner.computing + self.inbox.points_waiting()
             self._work.clear()
             self.inbox.compute_done.set()
-            self._cond.notify_all()
+            self._work.cond.notify_all()
         if self._failure is not None:
             self.exit_code = 1
             self.writer.fail_now(error_frame(self._failure[0]), time.monotonic() + self.config.drain_timeout)
@@ -149,7 +149,7 @@ class Agent:
 
     def _adopt(self, spec: UDFSpec) -> None:
         self.runner.adopt(spec)
-        with self._cond:
+        with self._work.cond:
             self.spec = spec
             self.labels.udf = spec.name
         self.inbox.adopt(spec)
@@ -158,7 +158,7 @@ class Agent:
         """Treats input as ended: what was accepted is computed and sent (within the drain
         timeout), then ``reason``, if given, as an ErrorResponse, and the agent ends."""
         self.inbox.stop(reason)
-        with self._cond:
+        with self._work.cond:
             self.input_ended()
         self.connection.abort_read()
 
@@ -176,9 +176,6 @@ class Agent:
         if self._failure is None:
             self._failure = (message, time.monotonic() + min(ERROR_REPLY_WITHIN, self.config.drain_timeout))
             self._compute_watch.set()
-
-    def checkpoint_interval(self) -> float:
-        return self.runner.checkpoint_interval
 
     def started(self, event: Started) -> None:
         self.runner.options = event.options
@@ -202,11 +199,11 @@ class Agent:
         found = self.stats.snapshot()
         found["points_out"] += self.inbox.passed_out
         found["falling_behind"] = self.falling_behind()
-        return {"taskID": self.labels.task_id, "nodeID": self.labels.node_id, "udf": self.labels.udf, **found, "groups": len(self.groups)}
+        return {"taskID": self.labels.task_id, "nodeID": self.labels.node_id, "udf": self.labels.udf, **found, "groups": len(self.runner.groups)}
 
     def falling_behind(self) -> bool:
         """Whether this task's input waits for compute longer than it may gather (``TaskStats``)."""
-        with self._cond:
+        with self._work.cond:
             opened = self._work.opened()
             pending = self.session.open_micro_batch()
         if pending is not None:
@@ -276,9 +273,9 @@ class Agent:
         if error is not None:
             self.stats.last_error = error
         self.inbox.stop()
-        with self._cond:
+        with self._work.cond:
             self.inbox.compute_done.set()
-            self._cond.notify_all()
+            self._work.cond.notify_all()
             if self.runner.abandoned:
                 return
         # Even a peer that stopped reading must not hold the last frames (and the exit) for ever.

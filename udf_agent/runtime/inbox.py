@@ -17,13 +17,13 @@ import time
 from typing import Protocol
 
 from udf_agent.api import UDFSpec
+from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.events import Compute, Emit, Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.flushing import FlushPolicy
 from udf_agent.runtime.logs import TaskLabels, in_task
 from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.runner import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, CheckpointSink
 from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, WorkQueue
@@ -55,25 +55,19 @@ class InboxOwner(Protocol):
     def input_ended(self) -> None:
         """No more input will be acted on: the drain starts."""
 
-    def checkpoint_interval(self) -> float:
-        """How long until the next checkpoint of a relayed task."""
-
 
 class Inbox:
-    def __init__(self, connection: Connection, work: WorkQueue, writer: Writer, stats: TaskStats, config: AgentConfig, owner: InboxOwner, checkpoints: CheckpointSink | None = None):
+    def __init__(self, connection: Connection, work: WorkQueue, writer: Writer, stats: TaskStats, config: AgentConfig, owner: InboxOwner, checkpoints: Checkpoints | None = None):
         self.connection = connection
         self.config = config
         # Until the spec is known, the session answers keepalives and keeps the rest.
         self.session = Session(None, max_batch_points=config.max_batch_points, max_frame_size=config.max_frame_size, allow_modules=config.allow_modules)
         self.flush_policy = FlushPolicy(config.flush_interval, config.gather, config.adaptive_flush)
         self._work = work
-        self._cond = work.cond
         self._writer = writer
         self._stats = stats
         self._owner = owner
         self._checkpoints = checkpoints
-        self._next_checkpoint_at = time.monotonic() + CHECKPOINT_INTERVAL
-        self._checkpointed_bytes = 0
         self.passed_out = 0  # passthrough points sent (the compute thread counts the rest)
         self.compute_done = threading.Event()  # no more work will be taken: reading for room is over
         self._stop = threading.Event()
@@ -90,14 +84,14 @@ class Inbox:
     def adopt(self, spec: UDFSpec) -> None:
         """The UDF is known: what was kept for it is acted on."""
         self.connection.limit_unread_input(PASSTHROUGH_UNREAD_INPUT_BYTES if spec.passthrough else UNREAD_INPUT_BYTES)
-        with self._cond:
+        with self._work.cond:
             self.dispatch(self.session.adopt(spec, time.monotonic()))
-            self._cond.notify_all()  # a reader at the end of input waits for it
+            self._work.cond.notify_all()  # a reader at the end of input waits for it
 
     def stop(self, reason: str | None = None) -> None:
         """Reads no more: input counts as ended; ``reason``, if the first given, is the
         ErrorResponse the task ends with once accepted work is out."""
-        with self._cond:
+        with self._work.cond:
             if self.stop_reason is None:
                 self.stop_reason = reason
         self._stop.set()
@@ -154,7 +148,7 @@ class Inbox:
                 self._work.put(Finish(message))
                 alive = False
         if events:
-            self._cond.notify_all()
+            self._work.cond.notify_all()
         return alive
 
     # ---- the reader thread ----
@@ -164,9 +158,9 @@ class Inbox:
             self._read()
         except BaseException as exc:  # a dead reader would leave the task hanging
             log.exception("internal error in the reader")
-            with self._cond:
+            with self._work.cond:
                 self._work.put(Finish(f"udf-agent internal error: {type(exc).__name__}: {exc}"))
-                self._cond.notify_all()
+                self._work.cond.notify_all()
 
     def _read(self) -> None:
         session = self.session
@@ -189,7 +183,7 @@ class Inbox:
                     if not self._act_on_input():
                         return
                 if self._checkpoints is not None:
-                    self._checkpoint_if_due()
+                    self._checkpoint_if_due(self._checkpoints)
                 self._wait_for_room()
                 if session.input_broken:
                     self._act_on_input()  # the framing error, after the frames before it
@@ -200,39 +194,38 @@ class Inbox:
             self._end_input()
             if not self._stop.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
-        with self._cond:
+        with self._work.cond:
             while not session.adopted:  # what was kept is acted on first
-                self._cond.wait()
+                self._work.cond.wait()
             if not self.dispatch(session.receive_eof(time.monotonic(), truncated_ok=not peer_ended)):
                 return
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
             self._work.put(Finish(self.stop_reason, code=0))
-            self._cond.notify_all()
+            self._work.cond.notify_all()
 
     def _end_input(self) -> None:
-        with self._cond:
+        with self._work.cond:
             self._owner.input_ended()
 
     def _act_on_input(self) -> bool:
         """Acts on a slice of the frames read, under the lock (briefly: the compute thread
         must never wait for it long); False once the session has failed."""
-        with self._cond:
+        with self._work.cond:
             now = time.monotonic()
             alive = self.dispatch(self.session.next_events(now))
             self._work.wake_for(self.micro_batch_due(now))
         return alive
 
-    def _checkpoint_if_due(self) -> None:
+    def _checkpoint_if_due(self, checkpoints: Checkpoints) -> None:
         """Queues a checkpoint of what was read so far once one is due (by time or input)."""
         now = time.monotonic()
-        if now < self._next_checkpoint_at and self.session.bytes_acted_on - self._checkpointed_bytes < CHECKPOINT_INPUT_BYTES:
+        if not checkpoints.due(now, self.session.bytes_acted_on):
             return
-        with self._cond:
+        with self._work.cond:
             events = self.session.checkpoint()
             if events:
                 self.dispatch(events)
-                self._checkpointed_bytes = self.session.bytes_acted_on
-                self._next_checkpoint_at = now + self._owner.checkpoint_interval()
+                checkpoints.queued(now, self.session.bytes_acted_on)
 
     def _wait_for_room(self) -> None:
         """Past the budget of waiting points, not reading is the backpressure: Kapacitor's
@@ -241,7 +234,7 @@ class Inbox:
         Until the budget is overshot by a tenth, one more read is let through every
         ``TRICKLE_INTERVAL``: a KeepaliveRequest queued behind the input is then answered
         within that, not once compute has made room (a micro-batch later, ~100 ms)."""
-        with self._cond:
+        with self._work.cond:
             budget = self.config.max_pending_points
             trickle_at = time.monotonic() + TRICKLE_INTERVAL
             heartbeat_at = time.monotonic() + HEARTBEAT_INTERVAL
@@ -259,5 +252,5 @@ class Inbox:
                 if now >= heartbeat_at:
                     self._writer.send(keepalive_frame(time.time_ns()), urgent=True)
                     heartbeat_at = now + HEARTBEAT_INTERVAL
-                self._cond.wait(min(trickle_at if trickle else heartbeat_at, heartbeat_at) - now)
+                self._work.cond.wait(min(trickle_at if trickle else heartbeat_at, heartbeat_at) - now)
 

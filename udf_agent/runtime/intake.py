@@ -16,9 +16,11 @@ from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.api import UDFSpec
-from udf_agent.runtime.events import Compute, Emit, Event
+from udf_agent.runtime.binding import Binding
+from udf_agent.runtime.events import Compute, Emit, Event, Restore, Started
 from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, KapacitorBatch, StreamMicroBatch
-from udf_agent.wire.frames import PointRun, ProtocolError, point_frame, point_group
+from udf_agent.wire.frames import PointRun, ProtocolError, encode_frame, point_frame, point_group
+from udf_agent.wire.guard import OutputGuard
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +198,28 @@ class HandlerIntake(Intake):
     def point_run(self, run: PointRun, now: float, frames_before: int) -> list[Event]:
         return self.forward(run.frames, run.count, now)
 
+    def request(self, request: udf_pb2.Request, kind: str, now: float, binding: Binding, guard: OutputGuard) -> list[Event]:
+        """A request other than a keepalive or Info, to the handler as the frame it came in."""
+        from udf_agent.compute.handlers import CHECKPOINT_MAGIC
+
+        if kind == "restore" and request.restore.snapshot.startswith(CHECKPOINT_MAGIC):
+            # A relay carrying its task over: the handler is rebuilt from the checkpoint.
+            guard.expect(kind)
+            return [*self.close_pending(), Restore(request.restore.snapshot)]
+        frame = encode_frame(request)
+        events: list[Event] = []
+        if kind == "init" and binding.init_frame is None:
+            events.append(Started(binding.bind_handler(frame), None, request.init.taskID, request.init.nodeID))
+            self._open(now).init_frame = frame  # what a handler rebuilt elsewhere is started with
+        events += self.forward(frame, 1, now)
+        if kind in ("init", "snapshot", "restore"):
+            events += self.close_pending()  # a reply Kapacitor waits for: no gathering
+        return events
+
     def forward(self, frames: bytes, count: int, now: float) -> list[Event]:
         """``count`` requests' ``frames`` join the open micro-batch."""
         self._open(now).append(frames, count)
         return self._close_if_full()
-
-    def started_with(self, init_frame: bytes, now: float) -> None:
-        """The handler's InitRequest: what a handler rebuilt elsewhere is started with."""
-        self._open(now).init_frame = init_frame
 
     def _open(self, now: float) -> HandlerMicroBatch:
         if self.pending is None:

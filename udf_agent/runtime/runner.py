@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Compute, Event, Restore, Send, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.groups import GroupStore
@@ -39,21 +40,6 @@ if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off 
     from udf_agent.wire.hotpath import WireKernels
 
 log = logging.getLogger(__name__)
-
-# A relayed task is checkpointed (``TakeCheckpoint``) at most this often, and sooner once this
-# much input has come since the last one: what its relay keeps to replay after a failover.
-CHECKPOINT_INTERVAL = 5.0
-CHECKPOINT_INPUT_BYTES = 16 * 1024 * 1024
-# ... but a checkpoint that takes long (many groups) is taken no more than this share of the time.
-CHECKPOINT_TIME_SHARE = 0.02
-
-
-class CheckpointSink(Protocol):
-    """Where a relayed task's checkpoints go: its link to the relay, which carries the task
-    over to a new server if this one dies."""
-
-    def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
-
 
 class Replies(Protocol):
     """The session's side of the replies the compute thread's work answers: the frames to send
@@ -78,11 +64,20 @@ class _Computed:
     set_aside: bool = False  # some groups' points were skipped (--on-error)
 
 
+@dataclass
+class _Prepared:
+    """What a task's micro-batches are computed with, made at the first one (to keep the
+    compute contract and pyarrow off the Info path)."""
+
+    job: Job
+    task_tables: Callable[[MicroBatch, GroupStore, WireKernels], TaskTables]  # by the edge the UDF wants
+
+
 class MicroBatchRunner:
     """Runs a task's work items, one at a time, on the compute thread; UDFError when the
     task cannot go on."""
 
-    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, replies: Replies, labels: TaskLabels, stats: TaskStats, checkpoints: CheckpointSink | None = None):
+    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, replies: Replies, labels: TaskLabels, stats: TaskStats, checkpoints: Checkpoints | None = None):
         self.config = config
         self.engines = engines
         self.writer = writer
@@ -94,19 +89,17 @@ class MicroBatchRunner:
         self.spec: UDFSpec | None = None
         self.options: OptionValues | None = None  # set by a successful Init, before any work
         self.handler: HandlerTask | None = None  # a Kapacitor Handler script's task
-        self._job: Job | None = None
         self._compute_batch: Callable[[MicroBatch], None] = self._not_adopted
-        self._task_tables: Callable[[MicroBatch, GroupStore, WireKernels], TaskTables] | None = None
+        self._prepared: _Prepared | None = None  # the UDF's job and kind of task tables, at the first micro-batch
         self.computing = 0  # points of the micro-batch being computed
         self.abandoned = False  # the agent gave up waiting: drop the rest
-        self.checkpoint_interval = CHECKPOINT_INTERVAL
 
     def adopt(self, spec: UDFSpec) -> None:
         """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it):
         how its micro-batches are computed is chosen here, once (the kind of task tables at
         the first micro-batch, to keep pyarrow off the Info path)."""
         self.spec = spec
-        self._task_tables = None  # by the edge the UDF wants, at its first micro-batch
+        self._prepared = None
         if spec.handler is not None:
             if self.handler is None:
                 from udf_agent.runtime.handler_task import HandlerTask
@@ -139,22 +132,22 @@ class MicroBatchRunner:
     def _not_adopted(batch: MicroBatch) -> None:
         raise AssertionError("no work reaches the compute thread before the UDF is known")
 
+    def _prepare(self, spec: UDFSpec) -> _Prepared:
+        from udf_agent.compute.contract import Job
+        from udf_agent.runtime.tasks import task_tables_for
+
+        assert self.options is not None  # points are refused before a successful Init
+        return _Prepared(Job(spec, self.options.raw(), self.labels.task_id, self.labels.node_id), task_tables_for(spec))
+
     def _compute(self, batch: MicroBatch) -> None:
         spec = self._loaded()
-        if self._job is None:
-            from udf_agent.compute.contract import Job
-
-            assert self.options is not None  # points are refused before a successful Init
-            self._job = Job(spec, self.options.raw(), self.labels.task_id, self.labels.node_id)
-        job = self._job
-        if self._task_tables is None:
-            from udf_agent.runtime.tasks import task_tables_for
-
-            self._task_tables = task_tables_for(spec)
+        if self._prepared is None:
+            self._prepared = self._prepare(spec)
+        job = self._prepared.job
         started = time.monotonic()
         self.stats.micro_batch_taken(started - batch.opened_at)
         kernels = hotpath.kernels()
-        task_tables = self._task_tables(batch, self.groups, kernels)
+        task_tables = self._prepared.task_tables(batch, self.groups, kernels)
         engine = self.engines.engine_for(spec, batch.count)
         self.computing = batch.count
         done = _Computed()
@@ -304,10 +297,10 @@ class MicroBatchRunner:
             data = self.handler.checkpoint(self.engines.engine_for(spec), self.stats)
         else:
             data = self.groups.snapshot(spec.name, self._options_fingerprint())
-        self.writer.send(self.checkpoints.checkpoint_message(item.input_bytes, item.init_frame, data))
+        self.writer.send(self.checkpoints.sink.checkpoint_message(item.input_bytes, item.init_frame, data))
         took = time.monotonic() - started
         self.stats.checkpointed(took, len(data))
-        self.checkpoint_interval = max(CHECKPOINT_INTERVAL, took / CHECKPOINT_TIME_SHARE)
+        self.checkpoints.took(took)
 
     def _restore(self, data: bytes) -> None:
         from udf_agent.runtime.snapshot import SnapshotError

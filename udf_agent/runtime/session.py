@@ -30,7 +30,6 @@ from udf_agent.wire.frames import (
     PointRun,
     ProtocolError,
     RequestRun,
-    encode_frame,
     encode_varint,
     parse_message,
     request_point,
@@ -187,7 +186,7 @@ class Session:
         if kind == "keepalive":
             return [Send(keepalive_frame(request.keepalive.time), urgent=True, asked_at=request.keepalive.time)]
         if self.spec.handler is not None and kind not in ("info", None):
-            return self._handler_request(request, kind, now)
+            return self._handler().request(request, kind, now, self.binding, self.guard)
         if kind == "point":
             return self._point(request.point.SerializeToString(), now)
         if kind == "begin":
@@ -292,24 +291,6 @@ class Session:
         return self._require_init("a Point") if self._intake.needs_init else None
 
     # ---- a Kapacitor Handler script: every request but keepalives and Info goes to its handler ----
-
-    def _handler_request(self, request: udf_pb2.Request, kind: str, now: float) -> list[Event]:
-        from udf_agent.compute.handlers import CHECKPOINT_MAGIC
-
-        intake = self._handler()
-        if kind == "restore" and request.restore.snapshot.startswith(CHECKPOINT_MAGIC):
-            # A relay carrying its task over: the handler is rebuilt from the checkpoint.
-            self.guard.expect(kind)
-            return [*intake.close_pending(), Restore(request.restore.snapshot)]
-        frame = encode_frame(request)
-        events: list[Event] = []
-        if kind == "init" and self.binding.init_frame is None:
-            events.append(Started(self.binding.bind_handler(frame), None, request.init.taskID, request.init.nodeID))
-            intake.started_with(frame, now)
-        events += intake.forward(frame, 1, now)
-        if kind in ("init", "snapshot", "restore"):
-            events += intake.close_pending()  # a reply Kapacitor waits for: no gathering
-        return events
 
     def _handler(self) -> HandlerIntake:
         assert isinstance(self._intake, HandlerIntake)  # cut as requests only once a Handler script's session is adopted

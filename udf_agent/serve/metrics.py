@@ -71,7 +71,7 @@ class _TasksCollector:
             skipped.add_metric(labels, stats.skipped if policy == "skip" else 0)
             dead_lettered.add_metric(labels, stats.skipped if policy == "dead-letter" else 0)
             dropped.add_metric(labels, stats.dropped_at_stop)
-            groups.add_metric(labels, len(agent.groups))
+            groups.add_metric(labels, len(agent.runner.groups))
             queued.add_metric(labels, agent.writer.queued_bytes)
             compute.add_metric(labels, stats.compute_seconds.cumulative(), stats.compute_seconds.sum)
             keepalive.add_metric(labels, stats.keepalive_seconds.cumulative(), stats.keepalive_seconds.sum)
