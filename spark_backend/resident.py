@@ -38,8 +38,8 @@ import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
-from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, send_message
-from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory, WorkerTimedOut
+from spark_backend.resident_protocol import JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, send_message
+from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost
 from udf_agent.compute.contract import Job
 from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
 
@@ -186,13 +186,8 @@ class ResidentWorkers:
                     self._after_loss(job, part, worker, key, tenant, lost, pending)
                     slot_wait_until = time.monotonic() + self.batch_timeout
                     continue
-                if kind == OVER_MEMORY:
-                    self._grants.lose(worker, key, tenant)
-                    raise WorkerOverMemory(f"UDF {job.spec.name!r}: {payload.decode(errors='replace')}")
-                self._grants.release(worker, key, tenant)
+                self._grants.answered(worker, key, tenant, kind, payload, f"UDF {job.spec.name!r}")
                 self._grants.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
-                if kind == FAILURE:
-                    raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
                 results[part.index] = ipc_to_table(payload)
         finally:
             # A part still out when the micro-batch fails: its answer is read and dropped
@@ -206,12 +201,8 @@ class ResidentWorkers:
         """A worker was lost with ``part``: its slot is launched again and the part retried
         once, on a fresh worker; the second loss fails the micro-batch."""
         lost_at = time.monotonic()
-        self._grants.lose(worker, key, tenant)
-        # A worker that ended says how (its job fails at once); a stuck one was cancelled.
-        report = "" if isinstance(lost, WorkerTimedOut) else worker.crash_report()
-        what = f"{lost} while computing UDF {job.spec.name!r}{report}"
-        if part.retry_of is not None:
-            raise WorkerLost(f"UDF {job.spec.name!r}: a micro-batch of {part.tasks.num_rows} group(s) failed twice on Spark's resident workers: {part.retry_of}; then {what}")
+        work = f"UDF {job.spec.name!r}: a micro-batch of {part.tasks.num_rows} group(s)"
+        what = self._grants.lost_computing(worker, key, tenant, lost, f"UDF {job.spec.name!r}", work, part.retry_of)
         log.warning("%s; slot %d launched again and the part of %d group(s) retried once", what, worker.slot, part.tasks.num_rows)
         pending.appendleft(_Part(part.index, part.tasks, retry_of=what, fresh_after=lost_at))
 

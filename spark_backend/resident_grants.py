@@ -8,7 +8,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from spark_backend.fairness import FairShares, Ticket
-from spark_backend.resident_slots import FORCED_RELAUNCH_INTERVAL, START_TIMEOUT, ResidentSlots, Worker, WorkerLost
+from spark_backend.resident_protocol import FAILURE, OVER_MEMORY
+from spark_backend.resident_slots import FORCED_RELAUNCH_INTERVAL, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory, WorkerTimedOut
 from udf_agent.errors import first_line
 
 if TYPE_CHECKING:
@@ -119,3 +120,25 @@ class WorkerGrants:
             self._cond.notify_all()
         if relaunched:
             self._slots.end_job_soon(worker)
+
+    def lost_computing(self, worker: Worker, key: Hashable, tenant: Tenant | None, lost: WorkerLost, what: str, work: str, retry_of: str | None) -> str:
+        """``worker`` was lost computing ``what``: it is given up, and what happened is said
+        for the retry to carry; WorkerLost naming ``work`` if this was the retry (``retry_of``
+        saying what happened the first time)."""
+        self.lose(worker, key, tenant)
+        # A worker that ended says how (its job fails at once); a stuck one was cancelled.
+        report = "" if isinstance(lost, WorkerTimedOut) else worker.crash_report()
+        happened = f"{lost} while computing {what}{report}"
+        if retry_of is not None:
+            raise WorkerLost(f"{work} failed twice on Spark's resident workers: {retry_of}; then {happened}") from None
+        return happened
+
+    def answered(self, worker: Worker, key: Hashable, tenant: Tenant | None, kind: int, payload: bytes | bytearray, what: str) -> None:
+        """``worker`` answered a call for ``what``: given back (or up, over memory); the answer
+        is a result unless WorkerOverMemory or RuntimeError (a failure outside the UDF) says otherwise."""
+        if kind == OVER_MEMORY:
+            self.lose(worker, key, tenant)
+            raise WorkerOverMemory(f"{what}: {payload.decode(errors='replace')}")
+        self.release(worker, key, tenant)
+        if kind == FAILURE:
+            raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")

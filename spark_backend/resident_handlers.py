@@ -17,8 +17,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from spark_backend.resident_grants import WorkerGrants
-from spark_backend.resident_protocol import FAILURE, HANDLER, OVER_MEMORY, handler_call_parts, read_handler_outcome, send_message
-from spark_backend.resident_slots import START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, WorkerLost, WorkerOverMemory, WorkerTimedOut
+from spark_backend.resident_protocol import HANDLER, handler_call_parts, read_handler_outcome, send_message
+from spark_backend.resident_slots import START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, WorkerLost
 
 if TYPE_CHECKING:  # the workers import the resident modules: no Spark session code there
     from udf_agent.compute.engine import Tenant
@@ -59,24 +59,15 @@ class ResidentHandlers:
                 worker.exchange(deadline, batch_timeout, functools.partial(send_message, worker.sock, HANDLER, *parts))
                 kind, payload = worker.exchange(deadline, batch_timeout, worker.next_message)
             except WorkerLost as lost:
-                self._grants.lose(worker, key, tenant)
                 with self._cond:
                     self._homes.pop(call.task, None)
-                report = "" if isinstance(lost, WorkerTimedOut) else worker.crash_report()
-                what = f"{lost} while computing {call.script.name}'s handler{report}"
-                if retry_of is not None:
-                    raise WorkerLost(f"{call.script.name}: its handler's requests failed twice on Spark's resident workers: {retry_of}; then {what}") from None
+                name = call.script.name
+                retry_of = self._grants.lost_computing(worker, key, tenant, lost, f"{name}'s handler", f"{name}: its handler's requests", retry_of)
                 # Any live worker will do (the lost one is gone from its slot, launched again):
                 # the handler is rebuilt on the first one free.
-                log.warning("%s; slot %d launched again and the handler rebuilt from its last snapshot on the first worker free", what, worker.slot)
-                retry_of = what
+                log.warning("%s; slot %d launched again and the handler rebuilt from its last snapshot on the first worker free", retry_of, worker.slot)
                 continue
-            if kind == OVER_MEMORY:
-                self._grants.lose(worker, key, tenant)
-                raise WorkerOverMemory(f"{call.script.name}: {payload.decode(errors='replace')}")
-            self._grants.release(worker, key, tenant)
-            if kind == FAILURE:
-                raise RuntimeError(f"{worker} failed: {payload.decode(errors='replace')}")
+            self._grants.answered(worker, key, tenant, kind, payload, call.script.name)
             return self._settled(call.task, worker, read_handler_outcome(payload))
 
     def _settled(self, task: str, worker: Worker, outcome: HandlerOutcome) -> HandlerOutcome:

@@ -12,9 +12,9 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import ResidentWorkers, WorkerLost, WorkerOverMemory, _split
+from spark_backend.resident import ResidentWorkers, _split
 from spark_backend.resident_protocol import HEADER, HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, describe_failure, receive_message, send_message
-from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor
+from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
