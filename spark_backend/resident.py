@@ -40,8 +40,8 @@ from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
 from spark_backend.resident_protocol import JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, send_message
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost
-from udf_agent.compute.contract import Job
-from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
+from udf_agent.compute.contract import RESULT_SCHEMA, Job
+from udf_agent.wire.columns import message_table, table_message
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
     from spark_backend.sessions import SparkSession
@@ -188,7 +188,7 @@ class ResidentWorkers:
                     continue
                 self._grants.answered(worker, key, tenant, kind, payload, f"UDF {job.spec.name!r}")
                 self._grants.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
-                results[part.index] = ipc_to_table(payload)
+                results[part.index] = message_table(payload, RESULT_SCHEMA)
         finally:
             # A part still out when the micro-batch fails: its answer is read and dropped
             # (or its worker given up), so the connection is ready for the next one.
@@ -208,7 +208,7 @@ class ResidentWorkers:
 
     def _send(self, worker: Worker, job: Job, part: _Part, deadline: float) -> None:
         key, pickled = self._job_pickle(job)
-        payload = table_to_ipc_buffer(part.tasks)
+        payload = table_message(part.tasks)
         worker.exchange(deadline, self.batch_timeout, functools.partial(self._send_tasks, worker, key, pickled, payload))
 
     def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, payload: pa.Buffer) -> None:

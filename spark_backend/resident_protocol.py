@@ -2,7 +2,8 @@
 
 A header (kind: 1 byte, payload length: 8 bytes; ``udf_agent/wire/links.py``), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
-UDF, keyed by a digest of its pickle; tasks and results travel as Arrow IPC. A Kapacitor
+UDF, keyed by a digest of its pickle; tasks and results travel as one Arrow IPC record batch
+message each, without a schema: both ends know the compute contract's (``columns.table_message``). A Kapacitor
 Handler script's requests travel as HANDLER (a JSON header, then its byte strings one after
 another), what its handler wrote as RESULT in the same shape.
 """

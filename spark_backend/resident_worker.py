@@ -33,10 +33,10 @@ from spark_backend.resident_protocol import (
     receive_message,
     send_message,
 )
-from udf_agent.compute.contract import Job
+from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
 from udf_agent.compute.run import compute_tasks
-from udf_agent.wire.columns import ipc_to_table, table_to_ipc_buffer
+from udf_agent.wire.columns import message_table, table_message
 
 # While a part computes, the worker's resident memory is looked at this often.
 MEMORY_CHECK_INTERVAL = 0.05
@@ -77,7 +77,7 @@ def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, mem
             if guard is not None:
                 guard.computing.set()
             try:
-                reply = table_to_ipc_buffer(compute_tasks(jobs.use(key), ipc_to_table(body)))
+                reply = table_message(compute_tasks(jobs.use(key), message_table(body, TASK_SCHEMA)))
             except Exception as exc:
                 answer, content = FAILURE, describe_failure(exc).encode()
             else:

@@ -3,6 +3,7 @@ state: one kind per edge the UDF wants, chosen once per task (``task_tables_for`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -16,8 +17,9 @@ from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMic
 from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
 from udf_agent.wire.hotpath import WireKernels
 
-# A stream group's task has no Kapacitor batch.
+# A stream group's task has no Kapacitor batch: these columns come last, and are null.
 _BATCH_COLUMNS = [name for name in TASK_SCHEMA.names if name.startswith("batch_")]
+assert TASK_SCHEMA.names[-len(_BATCH_COLUMNS) :] == _BATCH_COLUMNS
 # Groups per task table: a micro-batch touching more (group churn) is computed in slices.
 TASK_SLICE_GROUPS = 10_000
 
@@ -57,15 +59,15 @@ class StreamTaskTables:
             last = min(len(grouped), first + TASK_SLICE_GROUPS)
             keys = grouped.keys[first:last]
             kept = [self._store.get(key) for key in keys]
-            columns = {
-                "seq": np.arange(first, last),
-                "key": keys,
-                "data": data.slice(first, last - first),
-                "history": [history for history, _ in kept],
-                "state": [state for _, state in kept],
-            }
-            columns.update({name: pa.nulls(len(keys), TASK_SCHEMA.field(name).type) for name in _BATCH_COLUMNS})
-            yield pa.table(columns, schema=TASK_SCHEMA)
+            columns = [
+                pa.array(np.arange(first, last)),
+                pa.array(keys, pa.string()),
+                data.slice(first, last - first),
+                pa.array([history for history, _ in kept], pa.binary()),
+                pa.array([state for _, state in kept], pa.string()),
+                *_no_batches(len(keys)),
+            ]
+            yield pa.Table.from_arrays(columns, schema=TASK_SCHEMA)
 
     def points_in(self, tasks: pa.Table, rows: Sequence[int]) -> list[int]:
         first = tasks.column("seq")[0].as_py()  # a slice's groups' counts are known
@@ -107,6 +109,13 @@ class BatchTaskTables:
         data = tasks.column("data")
         ends = [prefixed_ends(data[row].as_py()) for row in rows]
         return [0 if row_ends is None else len(row_ends) for row_ends in ends]
+
+
+@functools.lru_cache(maxsize=64)
+def _no_batches(groups: int) -> tuple[pa.Array, ...]:
+    """The null batch columns of a stream task table of ``groups`` rows (Arrow arrays are
+    immutable: made once per size, as micro-batches of a few groups recur)."""
+    return tuple(pa.nulls(groups, TASK_SCHEMA.field(name).type) for name in _BATCH_COLUMNS)
 
 
 def task_tables_for(spec: UDFSpec) -> Callable[[MicroBatch, GroupStore, WireKernels], TaskTables]:

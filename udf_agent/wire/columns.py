@@ -57,6 +57,25 @@ def ipc_to_table(data: bytes | bytearray | memoryview) -> Any:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
+def table_message(table: Any) -> Any:
+    """A table as one Arrow IPC record batch message, its schema left out: for a link whose
+    ends both know it (the compute contract's task and result tables, a micro-batch each way),
+    where a stream's schema message and set-up cost more than a small table's data."""
+    import pyarrow as pa
+
+    batches = table.to_batches()
+    if len(batches) != 1:
+        batches = table.combine_chunks().to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
+    return batches[0].serialize()
+
+
+def message_table(data: bytes | bytearray | memoryview, schema: Any) -> Any:
+    """The table ``table_message`` sent, read with the ``schema`` it was sent with."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches([pa.ipc.read_record_batch(pa.py_buffer(data), schema)])
+
+
 def decode_points(data: bytes) -> Any:
     """The Arrow table of the points ``batches.GroupRows.encoded`` holds."""
     columns = PointColumns()
