@@ -1,8 +1,20 @@
-"""The read pacer: a pause only while input flows in small reads."""
+"""The read pacer: a pause only while input flows in small reads; and the reader, while a
+micro-batch computes, leaves input unread until it is done (but answers keepalives)."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import pandas as pd
+
+from udf_agent.api import Context, stream_udf
+from udf_agent.compute.engine import LocalEngine
+from udf_agent.runtime import inbox
+from udf_agent.runtime.config import AgentConfig
+from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.pacing import PAUSE, SMALL_READ, ReadPacer
+from udf_agent.testing import InProcessAgent
 
 
 def test_a_trickle_is_never_paused():
@@ -34,3 +46,68 @@ def test_a_big_read_is_not_paused_after():
     pacer.after_read(300, 0.00001)
     assert pacer.after_read(SMALL_READ, 0.00002) == 0
     assert pacer.after_read(300, 0.00003) == PAUSE
+
+
+# ---- the reader while a micro-batch computes (``Inbox._gather_while_computing``) ----
+
+COMPUTE_SECONDS = 0.6
+
+
+@stream_udf()
+def _slow_echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame:
+    """Echoes its points after a pause: a micro-batch that computes long enough to send more meanwhile."""
+    time.sleep(COMPUTE_SECONDS)
+    return df
+
+
+class _CountedReads:
+    """The agent's connection, counting its reads."""
+
+    def __init__(self, connection: Any):
+        self.reads = 0
+        self._read_into = connection.read_into
+        connection.read_into = self
+
+    def __call__(self, buffer: memoryview) -> int:
+        self.reads += 1
+        return int(self._read_into(buffer))
+
+
+def _agent_computing_its_first_point() -> tuple[InProcessAgent, _CountedReads]:
+    agent = InProcessAgent(_slow_echo, Engines(LocalEngine), AgentConfig(drain_timeout=60))
+    assert agent.driver.init().success
+    counted = _CountedReads(agent.connection)
+    agent.driver.point(**_point(0))
+    deadline = time.monotonic() + 30
+    while not agent.agent.runner.computing:  # the first micro-batch is computing
+        assert time.monotonic() < deadline, "the first point was never computed"
+        time.sleep(0.005)
+    return agent, counted
+
+
+def _point(number: int) -> dict[str, Any]:
+    return {"time": number, "name": "cpu", "group": "", "fieldsDouble": {"value": float(number)}}
+
+
+def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(monkeypatch):
+    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # gather for as long as compute takes
+    agent, counted = _agent_computing_its_first_point()
+    reads_before = counted.reads
+    for number in range(1, 6):  # five points, each written on its own during the compute
+        agent.driver.point(**_point(number))
+        time.sleep(0.02)
+    agent.driver.responses.wait_for("point", 6, timeout=60)
+    # One read takes all five once the first micro-batch is out (a reader that read each as
+    # it came made five); the second micro-batch holds them all.
+    assert counted.reads - reads_before <= 2, counted.reads - reads_before
+    assert agent.agent.stats.micro_batches == 2
+    assert agent.finish() == 0
+
+
+def test_a_keepalive_is_answered_while_a_micro_batch_computes():
+    agent, _ = _agent_computing_its_first_point()
+    agent.driver.keepalive(7)
+    answered = agent.driver.responses.wait_for("keepalive", 1, timeout=60)
+    # The gather is bounded (COMPUTE_GATHER): the answer does not wait for the micro-batch.
+    assert answered and not agent.driver.responses.of("point"), "the keepalive waited for compute"
+    assert agent.finish() == 0

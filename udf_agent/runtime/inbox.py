@@ -23,7 +23,7 @@ from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.events import Compute, Emit, Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.flushing import FlushPolicy
 from udf_agent.runtime.logs import TaskLabels, in_task
-from udf_agent.runtime.pacing import ReadPacer
+from udf_agent.runtime.pacing import COMPUTE_GATHER, SMALL_READ, ReadPacer
 from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, WorkQueue
@@ -94,7 +94,8 @@ class Inbox:
         with self._work.cond:
             if self.stop_reason is None:
                 self.stop_reason = reason
-        self._stop.set()
+            self._stop.set()
+            self._work.cond.notify_all()  # a reader gathering input while compute runs
 
     @property
     def stopped(self) -> bool:
@@ -188,6 +189,8 @@ class Inbox:
                 if session.input_broken:
                     self._act_on_input()  # the framing error, after the frames before it
                     return
+                if len(data) < SMALL_READ and self._gather_while_computing():
+                    continue
                 if pause:
                     time.sleep(pause)  # input is flowing in small reads: let it gather
         except OSError as exc:
@@ -202,6 +205,28 @@ class Inbox:
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
             self._work.put(Finish(self.stop_reason, code=0))
             self._work.cond.notify_all()
+
+    def _gather_while_computing(self) -> bool:
+        """While a micro-batch is computing (or queued, or due: the compute thread takes it at
+        once), what comes in would only wait for the next one: it is left unread until the
+        compute thread is free (``COMPUTE_GATHER`` at most, a keepalive's longest extra wait),
+        then read at once. A point then costs the agent a share of one read a micro-batch, not
+        a read (and a wake-up) of its own. Whether the reader waited."""
+        with self._work.cond:
+            if not self._computing_soon():
+                return False
+            self._work.reader_waits_while(self._computing_soon, time.monotonic() + COMPUTE_GATHER)
+        return True
+
+    def _computing_soon(self) -> bool:
+        """Whether a micro-batch is computing, queued or due now, and the task goes on (caller holds the lock)."""
+        if self._stop.is_set() or self.compute_done.is_set():
+            return False
+        if self._work.computing():
+            return True
+        now = time.monotonic()
+        due = self.micro_batch_due(now)
+        return due is not None and due <= now
 
     def _end_input(self) -> None:
         with self._work.cond:

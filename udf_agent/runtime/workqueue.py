@@ -43,6 +43,8 @@ class WorkQueue:
         self.cond = threading.Condition()
         self._items: deque[Work] = deque()
         self._busy = False  # the compute thread holds an item
+        self._computing = False  # ... and it is a micro-batch
+        self._reader_waits = False  # the reader gathers input until it is computed (``wait_while_computing``)
         # When the compute thread, waiting for work, looks at the open micro-batch by itself;
         # -inf while it is not waiting.
         self._wakes_at = float("-inf")
@@ -68,6 +70,20 @@ class WorkQueue:
         """When each queued micro-batch got its first point."""
         return [item.batch.opened_at for item in self._items if isinstance(item, Compute)]
 
+    def computing(self) -> bool:
+        """Whether a micro-batch is queued or being computed: input read now would wait for the next one."""
+        return self._computing or any(isinstance(item, Compute) for item in self._items)
+
+    def reader_waits_while(self, busy: Callable[[], bool], until: float) -> None:
+        """The reader's wait while ``busy()``, asked again each time the compute thread is done
+        with a micro-batch, until ``until`` (monotonic) at most."""
+        self._reader_waits = True
+        try:
+            while busy() and (left := until - time.monotonic()) > 0:
+                self.cond.wait(left)
+        finally:
+            self._reader_waits = False
+
     def wake_for(self, due: float | None) -> None:
         """Wakes the compute thread if work is queued, or if the open micro-batch is ``due``
         before it would look by itself: under Kapacitor's feed a micro-batch gathers over many
@@ -79,7 +95,9 @@ class WorkQueue:
         """The compute thread's next item: waits for one, closing the open micro-batch
         (``close_due``) once ``due`` says it is time; Finish once the work is ``abandoned``."""
         with self.cond:
-            self._busy = False  # the previous item is done
+            if self._computing and self._reader_waits:
+                self.cond.notify_all()  # the input gathered meanwhile is read now
+            self._busy = self._computing = False  # the previous item is done
             while not self._items:
                 if abandoned():
                     return Finish()
@@ -94,5 +112,6 @@ class WorkQueue:
                 self._wakes_at = float("-inf")
             item = self._items.popleft()
             self._busy = True
+            self._computing = isinstance(item, Compute)
             self.cond.notify_all()
             return item
