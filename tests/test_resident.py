@@ -36,6 +36,25 @@ def test_a_message_of_many_parts_and_megabytes_arrives_whole_over_a_real_socket(
         sender.join()
 
 
+def test_a_task_or_result_table_travels_as_one_message_whatever_its_chunks():
+    import pyarrow as pa
+
+    from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA
+    from udf_agent.wire.columns import message_table, table_message
+
+    tasks = stream_tasks(rich_points(12))
+    cases = {
+        "one chunk": tasks,
+        "two chunks": pa.concat_tables([tasks.slice(0, 5), tasks.slice(5)]),
+        "a slice (offsets into shared buffers)": tasks.slice(3, 4),
+        "no rows": tasks.slice(0, 0),
+    }
+    for name, table in cases.items():
+        assert message_table(table_message(table), TASK_SCHEMA).equals(table.combine_chunks()), name
+    results = LocalEngine().run(Job(moving_avg, {"field": "value", "size": 3}), tasks)
+    assert message_table(table_message(results), RESULT_SCHEMA).equals(results.combine_chunks())
+
+
 def _after(seconds: float, action) -> threading.Thread:
     thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
     thread.start()
