@@ -734,6 +734,25 @@ def test_group_points_groups_in_first_arrival_order_as_the_reference_does():
     reference = group_points_by_key(run.frames, run.points, run.groups)
     assert grouped.keys == reference.keys and list(grouped.counts) == list(reference.counts)
     assert [grouped.points(i) for i in range(len(grouped))] == [reference.points(i) for i in range(len(reference))]
+    assert list(grouped.arrival) == list(reference.arrival)  # where output goes back in arrival order
+
+
+def test_the_compiled_kernels_group_a_few_points_with_their_twin_and_more_themselves():
+    from udf_agent.wire import hotpath
+
+    hotpath.load_scanner()
+    compiled = hotpath.CompiledWireKernels()
+    kernel = compiled._group_points
+    by_kernel: list[int] = []
+    compiled._group_points = lambda *args: by_kernel.append(len(args[1])) or kernel(*args)
+    for count in (1, hotpath.FEW_POINTS, hotpath.FEW_POINTS + 1, 200):
+        run = _run(*[point(t, "bca"[t % 3] + str(t % 7), float(t)) for t in range(count)])
+        grouped = compiled.group_points(run.frames, run.points, run.groups)
+        reference = hotpath.REFERENCE.group_points(run.frames, run.points, run.groups)
+        assert grouped.keys == reference.keys and list(grouped.counts) == list(reference.counts), count
+        assert list(grouped.arrival) == list(reference.arrival), count
+        assert [grouped.points(i) for i in range(len(grouped))] == [reference.points(i) for i in range(len(reference))], count
+    assert by_kernel == [hotpath.FEW_POINTS + 1, 200]  # a few points never set up the compiled kernel
 
 
 def test_a_point_run_is_accepted_up_to_a_group_that_is_not_utf8():
