@@ -44,6 +44,7 @@ class WorkQueue:
         self._items: deque[Work] = deque()
         self._busy = False  # the compute thread holds an item
         self._computing = False  # ... and it is a micro-batch
+        self._micro_batches = 0  # queued (a passthrough task may queue many frames to send, none of them)
         self._reader_waits = False  # the reader gathers input until it is computed (``wait_while_computing``)
         # When the compute thread, waiting for work, looks at the open micro-batch by itself;
         # -inf while it is not waiting.
@@ -51,6 +52,7 @@ class WorkQueue:
 
     def put(self, item: Work) -> None:
         self._items.append(item)
+        self._micro_batches += isinstance(item, Compute)
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -61,6 +63,7 @@ class WorkQueue:
 
     def clear(self) -> None:
         self._items.clear()
+        self._micro_batches = 0
 
     def points(self) -> int:
         """Points queued, computed or passed through."""
@@ -72,7 +75,7 @@ class WorkQueue:
 
     def computing(self) -> bool:
         """Whether a micro-batch is queued or being computed: input read now would wait for the next one."""
-        return self._computing or any(isinstance(item, Compute) for item in self._items)
+        return self._computing or self._micro_batches > 0
 
     def reader_waits_while(self, busy: Callable[[], bool], until: float) -> None:
         """The reader's wait while ``busy()``, asked again each time the compute thread is done
@@ -113,5 +116,6 @@ class WorkQueue:
             item = self._items.popleft()
             self._busy = True
             self._computing = isinstance(item, Compute)
+            self._micro_batches -= self._computing
             self.cond.notify_all()
             return item
