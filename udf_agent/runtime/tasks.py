@@ -65,7 +65,7 @@ class StreamTaskTables:
                 data.slice(first, last - first),
                 pa.array([history for history, _ in kept], pa.binary()),
                 pa.array([state for _, state in kept], pa.string()),
-                *_no_batches(len(keys)),
+                *(_few_no_batches(len(keys)) if len(keys) <= FEW_GROUPS else _no_batches(len(keys))),
             ]
             yield pa.Table.from_arrays(columns, schema=TASK_SCHEMA)
 
@@ -111,11 +111,15 @@ class BatchTaskTables:
         return [0 if row_ends is None else len(row_ends) for row_ends in ends]
 
 
-@functools.lru_cache(maxsize=64)
 def _no_batches(groups: int) -> tuple[pa.Array, ...]:
-    """The null batch columns of a stream task table of ``groups`` rows (Arrow arrays are
-    immutable: made once per size, as micro-batches of a few groups recur)."""
+    """The null batch columns of a stream task table of ``groups`` rows."""
     return tuple(pa.nulls(groups, TASK_SCHEMA.field(name).type) for name in _BATCH_COLUMNS)
+
+
+# Micro-batches of a few groups recur at a trickle, where making these columns is a visible
+# share of the work: they are made once per size (Arrow arrays are immutable), small ones only.
+FEW_GROUPS = 64
+_few_no_batches = functools.lru_cache(maxsize=FEW_GROUPS)(_no_batches)
 
 
 def task_tables_for(spec: UDFSpec) -> Callable[[MicroBatch, GroupStore, WireKernels], TaskTables]:

@@ -45,7 +45,7 @@ class WorkQueue:
         self._busy = False  # the compute thread holds an item
         self._computing = False  # ... and it is a micro-batch
         self._micro_batches = 0  # queued (a passthrough task may queue many frames to send, none of them)
-        self._reader_waits = False  # the reader gathers input until it is computed (``wait_while_computing``)
+        self._reader_waits = False  # the reader leaves input unread meanwhile (``reader_waits_while``)
         # When the compute thread, waiting for work, looks at the open micro-batch by itself;
         # -inf while it is not waiting.
         self._wakes_at = float("-inf")
