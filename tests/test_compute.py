@@ -11,12 +11,16 @@ from udfs import sample
 from udf_agent import udf_pb2
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, Task, spark_ddl, tasks_table
 from udf_agent.compute.engine import LocalEngine
+from udf_agent.compute.frame import user_frame
 from udf_agent.library.builtins import moving_avg, outliers
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.testing import Duration, InProcessAgent, option
 from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch
+from udf_agent.wire import pointcodec
+from udf_agent.wire.columns import decode_points
 from udf_agent.wire.frames import FrameDecoder, encode_frame
+from udf_agent.wire.pointcodec import DecodedPoints
 
 pytestmark = pytest.mark.spark
 
@@ -273,16 +277,45 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
         assert harness.finish() == 1
 
 
-def test_tag_named_like_a_field_is_shown_with_a_prefix():
-    from udf_agent.compute.frame import user_frame
-    from udf_agent.wire.columns import decode_points
-
+@pytest.mark.parametrize("decoded", ["compiled", "reference"])
+def test_tag_named_like_a_field_is_shown_with_a_prefix(decoded):
     point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
-    frame, layout = user_frame(decode_points(encode_frame(point)))
+    frame, layout = user_frame(decoded_points(encode_frame(point), decoded))
     # Tags, then fields, each sorted by name: the same layout whatever order points list them in.
     assert list(frame.columns) == ["time", "host", "tag:x", "x"]
     assert frame["time"][0] == pd.Timestamp(5, unit="ns", tz="UTC")
     assert layout.tag_columns == {"tag:x": "x", "host": "host"}
+
+
+def decoded_points(data, decoded):
+    """``data``'s points decoded by the compiled codec (its numpy arrays), or by the reference
+    (its Arrow table): the two ways a UDF's frame is made."""
+    if decoded == "compiled":
+        return pointcodec.decode_with_headers(data)[0]
+    return DecodedPoints(decode_points(data))
+
+
+def test_the_frame_from_the_compiled_decoders_arrays_is_the_one_from_the_reference_table():
+    points = rich_points(120)
+    # A field sent as a double by some points and as an int or a string by others, absent from the rest.
+    points[3].fieldsInt["d"] = 7
+    del points[3].fieldsDouble["d"]
+    points[5].fieldsString["d"] = "text"  # point 5 has no double "d" (rich_points)
+    del points[8].fieldsDouble["d"]
+    points[9].tags.pop("region")
+    data = b"".join(encode_frame(point) for point in points)
+    compiled, compiled_layout = user_frame(decoded_points(data, "compiled"))
+    reference, reference_layout = user_frame(decoded_points(data, "reference"))
+    pd.testing.assert_frame_equal(compiled, reference)
+    assert compiled_layout == reference_layout
+    assert compiled["d"].tolist()[3:6] == [7, reference["d"][4], "text"] and compiled["region"][9] is None
+    assert compiled["i"].dtype == "int64" and compiled["b"].dtype == "bool" and compiled["s"].dtype == object
+    # Where a number is absent from some points, pandas' nullable dtype tells NA from NaN.
+    sparse = [udf_pb2.Point(time=1, name="m", fieldsDouble={"v": float("nan")}), udf_pb2.Point(time=2, name="m", fieldsInt={"n": 1})]
+    for decoded in ("compiled", "reference"):
+        frame, _ = user_frame(decoded_points(b"".join(encode_frame(point) for point in sparse), decoded))
+        assert str(frame["v"].dtype) == "Float64" and np.isnan(frame["v"][0]) and frame["v"][1] is pd.NA
+        assert str(frame["n"].dtype) == "Int64" and frame["n"][0] is pd.NA and frame["n"][1] == 1
 
 
 def test_moving_avg_of_extreme_values_does_not_depend_on_boundaries(engines):

@@ -116,10 +116,15 @@ def test_a_malformed_point_is_a_protocol_error(point):
         pointcodec.decode_points(encode_varint(len(point)) + point)
 
 
-def test_invalid_utf8_is_a_protocol_error():
-    point = udf_pb2.Point(time=1).SerializeToString() + b"\x12\x02\xff\xfe"  # name
+@pytest.mark.parametrize(
+    "extra",
+    [b"\x12\x02\xff\xfe", b"\x32\x01\xc0", b"\x3a\x07\x0a\x01h\x12\x02\xed\xa0", b"\x52\x05\x0a\x01\xff\x12\x00", b"\x52\x06\x0a\x01s\x12\x01\x80"],
+    ids=["name", "dimension", "tag-value", "field-name", "string-field"],
+)
+def test_invalid_utf8_is_a_protocol_error_before_any_column_is_read(extra):
+    point = udf_pb2.Point(time=1).SerializeToString() + extra
     with pytest.raises(ProtocolError, match="UTF-8"):
-        pointcodec.decode_points(encode_varint(len(point)) + point)
+        pointcodec.decode_with_headers(encode_varint(len(point)) + point)
 
 
 def reference_frames(points, result, first_row=0):

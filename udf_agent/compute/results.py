@@ -122,7 +122,7 @@ def encode_rows_of(
     leave in input order. Returns the frames, the input rows they stand for (plus
     ``offset``: rows of ``headers``) and where each frame ends.
     """
-    if not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns:
+    if not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns.tolist():  # a list: no lookup table to build
         return None
     source = _source_rows(result, input_rows)
     if source is None:

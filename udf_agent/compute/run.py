@@ -19,12 +19,13 @@ import pyarrow as pa
 
 from udf_agent.api import Context
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
-from udf_agent.compute.frame import to_pandas, user_frame
+from udf_agent.compute.frame import user_frame
 from udf_agent.compute.results import encode_rows_of, output_points
 from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
 from udf_agent.wire.frames import ProtocolError
 from udf_agent.wire.guard import encode_batch, encode_points
+from udf_agent.wire.pointcodec import DecodedPoints
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Tab
     """Every group of a partition decoded at once: history, then new points, group after group."""
     parts = [part for task in rows for part in (task.history or b"", task.data)]
     try:
-        data, headers = pointcodec.decode_with_headers(b"".join(parts))
+        points, headers = pointcodec.decode_with_headers(b"".join(parts))
         # Where each group's history and new points begin, as point numbers.
         bounds = headers.points_at(np.cumsum([0] + [len(part) for part in parts]))
     except ProtocolError:
@@ -66,19 +67,20 @@ def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Tab
     groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
     window = job.history_window
     if job.spec.vectorized:
-        return _run_vectorized(job, tasks, rows, data, headers, groups, window)
+        return _run_vectorized(job, tasks, rows, points, headers, groups, window)
+    table = points.table
     return results_table([
-        _run_group(job, task, data.slice(start, end - start), headers, int(start), history_rows, window)
+        _run_group(job, task, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
         for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
     ])
 
 
-def _run_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:
-    """One group's call; ``data`` is its rows, from row ``first`` of the partition."""
+def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:
+    """One group's call; ``points`` are its rows, from row ``first`` of the partition."""
     where = f"group {task.key!r}" if task.key else "the ungrouped data"
     try:
-        output, emitted, state = _call_group(job, task, data, headers, first, history_rows)
-        history = _keep_history(data.column(cols.TIME).to_numpy(), headers, first, window)
+        output, emitted, state = _call_group(job, task, points, headers, first, history_rows)
+        history = _keep_history(points.times, headers, first, window)
         return Result(task.seq, task.key, output, history, state, None, emitted)
     except Exception:
         error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
@@ -86,11 +88,11 @@ def _run_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Headers
 
 
 def _run_vectorized(
-    job: Job, tasks: pa.Table, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
+    job: Job, tasks: pa.Table, rows: list[Task], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
 ) -> pa.Table:
     """One call for every group of the partition; its per-row result is cut back into groups."""
     try:
-        output, offsets, emitted = _call_vectorized(job, rows, data, headers, groups)
+        output, offsets, emitted = _call_vectorized(job, rows, points, headers, groups)
     except Exception:
         error = f"UDF {job.spec.name!r} failed on a partition of {len(rows)} group(s):\n{traceback.format_exc()}"
         return results_table([Result(task.seq, task.key, None, None, None, error, 0) for task in rows])
@@ -101,7 +103,7 @@ def _run_vectorized(
             "seq": tasks.column("seq"),
             "key": tasks.column("key"),
             "output": _binary(np.frombuffer(output, np.uint8), offsets),
-            "history": _keep_histories(data.column(cols.TIME).to_numpy(), headers, groups.starts, window),
+            "history": _keep_histories(points.times, headers, groups.starts, window),
             "state": nothing,
             "error": nothing,
             "emitted": pa.array(emitted, pa.int64()),
@@ -132,17 +134,17 @@ def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.n
     return _binary(data, offsets, first < starts[1:])
 
 
-def _call_vectorized(job: Job, rows: list[Task], data: pa.Table, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
+def _call_vectorized(job: Job, rows: list[Task], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
     """The output frames of every group, group after group; where each group's begin
     (and the end), and how many points each group emitted."""
-    frame, layout = user_frame(data)
+    frame, layout = user_frame(points)
     ctx = Context(
         options=job.option_values(),
         group="",
         tags={},
         groups=tuple(task.key for task in rows),
         group_starts=groups.starts,
-        **_task_context(job, data, frame),
+        **_task_context(job, points, frame),
     )
     result = job.spec.function(frame, ctx)
     if ctx.state:
@@ -150,7 +152,7 @@ def _call_vectorized(job: Job, rows: list[Task], data: pa.Table, headers: pointc
     # Rows each group had before this micro-batch: their results are dropped.
     group_of_row = np.repeat(np.arange(len(rows)), np.diff(groups.starts))
     seen = groups.starts[:-1] + np.asarray(groups.history_rows, np.int64)
-    encoded = encode_rows_of(result, headers, layout, data.num_rows, seen[group_of_row])
+    encoded = encode_rows_of(result, headers, layout, points.num_rows, seen[group_of_row])
     if encoded is None:
         raise TypeError(
             "a vectorized UDF must return one row per input row (keep df's index) with float, int or bool "
@@ -184,14 +186,15 @@ def _run_stream_task(job: Job, task: Task) -> tuple[bytes, bytes | None, str | N
     # The kept history is the group's last points as received: decoded with the new ones.
     history = task.history or b""
     history_rows = pointcodec.count_points(history)
-    data, headers = pointcodec.decode_with_headers(history + task.data)
-    output, emitted, state = _call_group(job, task, data, headers, 0, history_rows)
-    return output, _keep_history(data.column(cols.TIME).to_numpy(), headers, 0, job.history_window), state, emitted
+    points, headers = pointcodec.decode_with_headers(history + task.data)
+    output, emitted, state = _call_group(job, task, points, headers, 0, history_rows)
+    return output, _keep_history(points.times, headers, 0, job.history_window), state, emitted
 
 
-def _call_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Headers, first: int, history_rows: int) -> tuple[bytes, int, str | None]:
+def _call_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int) -> tuple[bytes, int, str | None]:
     """Calls the UDF on one group's rows (row ``first`` on in ``headers``): (output, points, state)."""
-    frame, layout = user_frame(data)
+    frame, layout = user_frame(points)
+    data = points.table
     last = data.num_rows - 1
     dims = data.column(cols.DIMENSIONS)[last].as_py()
     tags = {d: _tag_value(data, d, last) for d in dims}
@@ -202,7 +205,7 @@ def _call_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Header
         name=data.column(cols.NAME)[last].as_py(),
         state=_load_state(task.state),
         history_rows=history_rows,
-        **_task_context(job, data, frame),
+        **_task_context(job, points, frame),
     )
     result = job.spec.function(frame, ctx)
     if job.spec.provides == "stream":
@@ -210,26 +213,27 @@ def _call_group(job: Job, task: Task, data: pa.Table, headers: pointcodec.Header
         if encoded is not None:
             output, rows, _ = encoded
             return output, len(rows), _dump_state(ctx.state)
-    points = output_points(result, data, layout, ctx, first_row=history_rows)
+    output_rows = output_points(result, data, layout, ctx, first_row=history_rows)
     if job.spec.provides == "stream":
-        output = encode_points(points)
-    elif points:
+        output = encode_points(output_rows)
+    elif output_rows:
         output = encode_batch(
             name=ctx.name,
             group=task.key,
             tags=ctx.tags,
-            tmax=max(p.time for p in points),
+            tmax=max(p.time for p in output_rows),
             by_name=bool(data.column(cols.BY_NAME)[last].as_py()),
-            points=points,
+            points=output_rows,
         )
     else:
         output = b""
-    return output, len(points), _dump_state(ctx.state)
+    return output, len(output_rows), _dump_state(ctx.state)
 
 
 def _run_batch_task(job: Job, task: Task) -> tuple[bytes, None, str | None, int]:
-    data = pointcodec.decode_points(task.data)
-    frame, layout = user_frame(data)
+    decoded, _ = pointcodec.decode_with_headers(task.data)
+    frame, layout = user_frame(decoded)
+    data = decoded.table
     ctx = Context(
         options=job.option_values(),
         group=task.key,
@@ -237,7 +241,7 @@ def _run_batch_task(job: Job, task: Task) -> tuple[bytes, None, str | None, int]
         name=task.batch_name or "",
         tmax=pd.Timestamp(task.batch_tmax or 0, unit="ns", tz="UTC"),
         state=_load_state(task.state),
-        **_task_context(job, data, frame),
+        **_task_context(job, decoded, frame),
     )
     result = job.spec.function(frame, ctx)
     if job.spec.provides == "batch":
@@ -256,12 +260,12 @@ def _run_batch_task(job: Job, task: Task) -> tuple[bytes, None, str | None, int]
     return output, None, _dump_state(ctx.state), len(points)
 
 
-def _task_context(job: Job, data: pa.Table, frame: pd.DataFrame) -> dict[str, Any]:
+def _task_context(job: Job, points: DecodedPoints, frame: pd.DataFrame) -> dict[str, Any]:
     """Context fields naming Kapacitor's task, and each row's database and retention policy
     (built only if the UDF reads them: strings per row cost)."""
 
     def per_row(column: str) -> Callable[[], pd.Series]:
-        return lambda: pd.Series(to_pandas(data.column(column)), index=frame.index, dtype="object")
+        return lambda: pd.Series(points.values(column)[0], index=frame.index, dtype="object")
 
     return {
         "task_id": job.task_id,

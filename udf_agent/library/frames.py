@@ -17,7 +17,11 @@ def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
 
     if field not in df:
         return np.full(len(df), np.nan)
-    values: np.ndarray = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    column = df[field]
+    if column.dtype == np.float64:  # the usual case, and converting it would only copy it
+        floats: np.ndarray = column.to_numpy()
+        return floats
+    values: np.ndarray = pd.to_numeric(column, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
     return values
 
 

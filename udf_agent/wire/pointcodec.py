@@ -20,7 +20,7 @@ from numba import njit
 
 from udf_agent.wire import columns as cols
 from udf_agent.wire.frames import ProtocolError
-from udf_agent.wire.kernels import gather, skip_field, varint
+from udf_agent.wire.kernels import first_invalid_utf8, gather, skip_field, varint
 
 # Map fields of a Point and the column prefix of each.
 _TAGS, _DOUBLES, _INTS, _STRINGS, _BOOLS = 7, 8, 9, 10, 12
@@ -259,12 +259,8 @@ def _strings(buf: np.ndarray, spans: np.ndarray, valid: np.ndarray | None = None
     data, offsets = gather(buf, spans)
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     null_count = -1 if valid is None else int(len(valid) - valid.sum())
-    array = pa.StringArray.from_buffers(len(spans), pa.py_buffer(offsets), pa.py_buffer(data), bitmap, null_count)
-    try:
-        array.validate(full=True)
-    except pa.ArrowInvalid as exc:
-        raise ProtocolError(f"a string in this micro-batch's points is not valid UTF-8: {exc}") from None
-    return array
+    # Valid UTF-8: every string span was checked when the points were decoded.
+    return pa.StringArray.from_buffers(len(spans), pa.py_buffer(offsets), pa.py_buffer(data), bitmap, null_count)
 
 
 class Headers:
@@ -312,21 +308,69 @@ def count_points(data: bytes) -> int:
 
 def decode_points(data: bytes) -> pa.Table:
     """The Arrow table of length-prefixed points; the same as ``table.decode_points``."""
-    return decode_with_headers(data)[0]
+    return decode_with_headers(data)[0].table
 
 
-def decode_with_headers(data: bytes) -> tuple[pa.Table, Headers]:
-    """The table, and where each point lies in ``data``."""
+def decode_with_headers(data: bytes) -> tuple[DecodedPoints, Headers]:
+    """The points, and where each lies in ``data``."""
     buf = np.frombuffer(data, dtype=np.uint8)
     points, dims, entries, bad = _count(buf)
     if bad >= 0:
         raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
-    columns = _Columns(buf, points, dims, entries)
+    columns = _Columns(data, buf, points, dims, entries)
     named = columns.strings[:, 1] > columns.strings[:, 0]
     headers = Headers(data, buf, columns.span, columns.header, columns.by_name, named)
     if not _same_keys(buf, columns.entry_key, columns.representative):
-        return cols.decode_points(data), headers  # two keys share a 64-bit hash: the reference sorts them out
-    return columns.table(), headers
+        return DecodedPoints(cols.decode_points(data)), headers  # two keys share a 64-bit hash: the reference sorts them out
+    return DecodedPoints(columns=columns), headers
+
+
+class DecodedPoints:
+    """Decoded points: a column's values as numpy arrays (``values``), and the Arrow table
+    (``table``, the reference's), built only when first asked for. A vectorized UDF's
+    frame needs no table, and on a small micro-batch building it cost more than the UDF."""
+
+    def __init__(self, table: pa.Table | None = None, columns: _Columns | None = None):
+        assert (table is None) != (columns is None)
+        self._table = table
+        self._columns = columns
+
+    @property
+    def num_rows(self) -> int:
+        return self._columns.count if self._columns is not None else self.table.num_rows
+
+    @property
+    def names(self) -> list[str]:
+        """The table's column names, in its order."""
+        return self._columns.names() if self._columns is not None else self.table.column_names
+
+    @property
+    def times(self) -> np.ndarray:
+        if self._columns is not None:
+            return self._columns.time
+        times: np.ndarray = self.table.column(cols.TIME).to_numpy()
+        return times
+
+    @property
+    def table(self) -> pa.Table:
+        if self._table is None:
+            assert self._columns is not None
+            self._table = self._columns.table()
+        return self._table
+
+    def values(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Column ``name`` (any but the dimensions): its values, strings as Python objects
+        (None where absent), numbers as int64, float64 or bool (anything where absent); and
+        which rows have one, or None if all do."""
+        if self._columns is not None:
+            return self._columns.values(name)
+        column = self.table.column(name)
+        valid = None if column.null_count == 0 else np.asarray(column.is_valid())
+        if pa.types.is_string(column.type):
+            return column.to_numpy(zero_copy_only=False), valid
+        if valid is not None:
+            column = column.fill_null(pa.scalar(False if pa.types.is_boolean(column.type) else 0, column.type))
+        return column.to_numpy(), valid
 
 
 # Result columns that encode_rows writes, by pandas dtype kind, and their map field.
@@ -461,7 +505,8 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
 class _Columns:
     """The decoded arrays of one buffer of points, and the table built from them."""
 
-    def __init__(self, buf: np.ndarray, points: int, dims: int, entries: int):
+    def __init__(self, raw: bytes, buf: np.ndarray, points: int, dims: int, entries: int):
+        self.raw = raw
         self.buf = buf
         self.count = points
         self.time = np.empty(points, np.int64)
@@ -486,8 +531,24 @@ class _Columns:
         found, self.column_of_entry, first = _assign_columns(entry_hash, _FEW_COLUMNS)
         if found < 0:  # many distinct keys: sort them instead
             _, first, self.column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
-        self.first_entry = first
         self.representative = first[self.column_of_entry]
+
+        text = (self.entry_field == _TAGS) | (self.entry_field == _STRINGS)
+        spans = np.concatenate((self.strings.reshape(-1, 2), self.dim_span, self.entry_key, self.entry_value[text]))
+        if first_invalid_utf8(buf, spans) >= 0:
+            raise ProtocolError("a string, tag or field name in this micro-batch's points is not valid UTF-8")
+        # Each tag and field column by name, sorted (map order differs between processes,
+        # the table must not): its map field and its entries, in point order.
+        order, bounds = _entries_by_column(self.column_of_entry, len(first))
+        sparse = {}
+        for column, entry in enumerate(first.tolist()):
+            field = int(self.entry_field[entry])
+            start, end = self.entry_key[entry]
+            sparse[_PREFIX[field] + raw[start:end].decode()] = (field, order[bounds[column] : bounds[column + 1]])
+        self.sparse = dict(sorted(sparse.items()))
+
+    def names(self) -> list[str]:
+        return [*_FIXED_COLUMNS, *self.sparse]
 
     def table(self) -> pa.Table:
         buf, n = self.buf, self.count
@@ -501,20 +562,41 @@ class _Columns:
             cols.DIMENSIONS: pa.ListArray.from_arrays(pa.array(dim_offsets), _strings(buf, self.dim_span)),
             cols.BY_NAME: pa.array(self.by_name, pa.bool_()),
         }
-        sparse = {}
-        order, bounds = _entries_by_column(self.column_of_entry, len(self.first_entry))
-        for column, first in enumerate(self.first_entry.tolist()):
-            entries = order[bounds[column] : bounds[column + 1]]
-            field = int(self.entry_field[first])
-            start, end = self.entry_key[first]
-            try:
-                key = bytes(buf[start:end]).decode()
-            except UnicodeDecodeError:
-                raise ProtocolError("a tag or field name in this micro-batch's points is not valid UTF-8") from None
-            sparse[_PREFIX[field] + key] = self._column(field, entries)
-        for name in sorted(sparse):
-            arrays[name] = sparse[name]
+        for name, (field, entries) in self.sparse.items():
+            arrays[name] = self._column(field, entries)
         return pa.table(arrays)
+
+    def values(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """``DecodedPoints.values`` from the decoded arrays."""
+        fixed = _FIXED_STRINGS.get(name)
+        if fixed is not None:
+            return self._objects(self.strings[:, fixed : fixed + 2], None), None
+        if name == cols.TIME:
+            return self.time, None
+        if name == cols.BY_NAME:
+            return self.by_name, None
+        field, entries = self.sparse[name]
+        if field in (_TAGS, _STRINGS):
+            spans, valid, complete = _scatter_spans(self.entry_point, self.entry_value, entries, self.count)
+            mask = None if complete else valid
+            return self._objects(spans, mask), mask
+        numbers, valid, complete = _scatter_numbers(self.entry_point, self.entry_number, entries, self.count)
+        mask = None if complete else valid
+        if field == _DOUBLES:
+            return numbers.view(np.float64), mask
+        if field == _INTS:
+            return numbers, mask
+        return numbers != 0, mask
+
+    def _objects(self, spans: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+        """The strings at ``spans`` as Python objects, None where not ``valid``; the bytes
+        were checked as UTF-8 when decoded."""
+        raw = self.raw
+        strings = np.empty(len(spans), dtype=object)
+        strings[:] = [raw[start:end].decode() for start, end in spans.tolist()]
+        if valid is not None:
+            strings[~valid] = None
+        return strings
 
     def _column(self, field: int, entries: np.ndarray) -> pa.Array:
         if field in (_TAGS, _STRINGS):
@@ -529,13 +611,19 @@ class _Columns:
         return pa.array(numbers != 0, pa.bool_(), mask=mask)
 
 
+# The columns every table has, and where each string one's span lies in ``_Columns.strings``.
+_FIXED_COLUMNS = (cols.TIME, cols.NAME, cols.DATABASE, cols.RETENTION_POLICY, cols.DIMENSIONS, cols.BY_NAME)
+_FIXED_STRINGS = {cols.NAME: 0, cols.DATABASE: 2, cols.RETENTION_POLICY: 4}
+
+
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the decoder, off the path of the first micro-batch."""
     from udf_agent import udf_pb2
     from udf_agent.wire.frames import encode_varint
 
     point = udf_pb2.Point(time=1, name="m", dimensions=["d"], tags={"d": "x"}, fieldsDouble={"f": 1.0}).SerializeToString()
-    table, headers = decode_with_headers(encode_varint(len(point)) + point)
+    points, headers = decode_with_headers(encode_varint(len(point)) + point)
+    points.values(cols.TAG + "d")
     import pandas as pd
 
     sample = pd.DataFrame({"f": [1.0], "n": [1], "b": [True]})

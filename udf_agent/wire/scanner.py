@@ -19,7 +19,7 @@ from numba import njit
 
 from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError, RequestRun, encode_varint
 from udf_agent.wire.grouped import GroupedPoints, group_points_by_key
-from udf_agent.wire.kernels import gather, skip_field, varint
+from udf_agent.wire.kernels import first_invalid_utf8, gather, skip_field, varint
 
 # Frame kinds.
 OTHER = 0  # any other Request: parsed by protobuf
@@ -181,42 +181,9 @@ def _same_groups(buf: Any, groups: Any, representative: Any) -> bool:
     return True
 
 
-@njit(cache=True, nogil=True)
-def _first_invalid_utf8(buf: Any, spans: Any) -> int:
-    """The first span whose bytes are not valid UTF-8 (Python's rules), or -1; (-1, -1) is empty."""
-    for i in range(spans.shape[0]):
-        j, end = spans[i, 0], spans[i, 1]
-        while j < end:
-            lead = buf[j]
-            if lead < 0x80:
-                j += 1
-                continue
-            if 0xC2 <= lead <= 0xDF:
-                tail = 1
-            elif 0xE0 <= lead <= 0xEF:
-                tail = 2
-            elif 0xF0 <= lead <= 0xF4:
-                tail = 3
-            else:
-                return i
-            if j + tail >= end:
-                return i
-            second = buf[j + 1]
-            # Overlong forms, surrogates and code points above U+10FFFF.
-            if (lead == 0xE0 and second < 0xA0) or (lead == 0xED and second > 0x9F):
-                return i
-            if (lead == 0xF0 and second < 0x90) or (lead == 0xF4 and second > 0x8F):
-                return i
-            for k in range(1, tail + 1):
-                if buf[j + k] & 0xC0 != 0x80:
-                    return i
-            j += tail + 1
-    return -1
-
-
 def first_invalid_group(frames: bytes, groups: np.ndarray) -> int:
     """The index of the first point whose group is not valid UTF-8, or -1."""
-    return int(_first_invalid_utf8(np.frombuffer(frames, dtype=np.uint8), groups))
+    return int(first_invalid_utf8(np.frombuffer(frames, dtype=np.uint8), groups))
 
 
 def group_points(frames: bytes, points: np.ndarray, groups: np.ndarray) -> GroupedPoints:
