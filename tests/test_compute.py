@@ -16,8 +16,8 @@ from udf_agent.library.builtins import moving_avg, outliers
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.testing import Duration, InProcessAgent, option
-from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch
 from udf_agent.wire import pointcodec
+from udf_agent.wire.batches import KapacitorBatch, StreamMicroBatch
 from udf_agent.wire.columns import decode_points
 from udf_agent.wire.frames import FrameDecoder, encode_frame
 from udf_agent.wire.pointcodec import DecodedPoints
