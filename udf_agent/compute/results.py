@@ -128,11 +128,12 @@ def encode_rows_of(
     if source is None:
         return None
     fields = []
-    for column in result.columns:
-        dtype = result[column].dtype
-        if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(dtype, np.dtype):
+    for position, column in enumerate(result.columns.tolist()):
+        # The column's array, without making a Series of it (as long as the rest of this).
+        values = result._get_column_array(position)
+        if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(values, np.ndarray):
             return None
-        fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, result[column].to_numpy()))
+        fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, values))
     floor = seen[source] if isinstance(seen, np.ndarray) else seen
     picked = np.flatnonzero(source >= floor)
     picked = picked[np.argsort(source[picked], kind="stable")]

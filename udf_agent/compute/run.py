@@ -40,10 +40,9 @@ def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataF
 
 def compute_tasks(job: Job, tasks: pa.Table) -> pa.Table:
     """Every engine's work: a table of ``TASK_SCHEMA`` in, one of ``RESULT_SCHEMA`` out, row for row."""
-    rows = tasks_of(tasks)
-    if job.spec.wants == "stream" and rows:
-        return _run_stream_partition(job, tasks, rows)
-    return results_table([run_task(job, task) for task in rows])
+    if job.spec.wants == "stream" and tasks.num_rows:
+        return _run_stream_partition(job, tasks)
+    return results_table([run_task(job, task) for task in tasks_of(tasks)])
 
 
 @dataclass
@@ -54,21 +53,23 @@ class _Groups:
     history_rows: list[int]
 
 
-def _run_stream_partition(job: Job, tasks: pa.Table, rows: list[Task]) -> pa.Table:
+def _run_stream_partition(job: Job, tasks: pa.Table) -> pa.Table:
     """Every group of a partition decoded at once: history, then new points, group after group."""
-    parts = [part for task in rows for part in (task.history or b"", task.data)]
+    histories, new_points = (tasks.column(name).to_pylist() for name in ("history", "data"))
+    parts = [part for history, data in zip(histories, new_points) for part in (history or b"", data)]
     try:
         points, headers = pointcodec.decode_with_headers(b"".join(parts))
         # Where each group's history and new points begin, as point numbers.
         bounds = headers.points_at(np.cumsum([0] + [len(part) for part in parts]))
     except ProtocolError:
-        return results_table([run_task(job, task) for task in rows])  # one by one, to name the group at fault
+        return results_table([run_task(job, task) for task in tasks_of(tasks)])  # one by one, to name the group at fault
     starts = bounds[0::2]
     groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
     window = job.history_window
     if job.spec.vectorized:
-        return _run_vectorized(job, tasks, rows, points, headers, groups, window)
+        return _run_vectorized(job, tasks, points, headers, groups, window)
     table = points.table
+    rows = tasks_of(tasks)
     return results_table([
         _run_group(job, task, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
         for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
@@ -88,28 +89,20 @@ def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.
 
 
 def _run_vectorized(
-    job: Job, tasks: pa.Table, rows: list[Task], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
+    job: Job, tasks: pa.Table, points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
 ) -> pa.Table:
     """One call for every group of the partition; its per-row result is cut back into groups."""
+    keys = tasks.column("key").to_pylist()
     try:
-        output, offsets, emitted = _call_vectorized(job, rows, points, headers, groups)
+        output, offsets, emitted = _call_vectorized(job, keys, points, headers, groups)
     except Exception:
-        error = f"UDF {job.spec.name!r} failed on a partition of {len(rows)} group(s):\n{traceback.format_exc()}"
-        return results_table([Result(task.seq, task.key, None, None, None, error, 0) for task in rows])
-    count = len(rows)
-    nothing = pa.nulls(count, pa.string())
-    return pa.table(
-        {
-            "seq": tasks.column("seq"),
-            "key": tasks.column("key"),
-            "output": _binary(np.frombuffer(output, np.uint8), offsets),
-            "history": _keep_histories(points.times, headers, groups.starts, window),
-            "state": nothing,
-            "error": nothing,
-            "emitted": pa.array(emitted, pa.int64()),
-        },
-        schema=RESULT_SCHEMA,
-    )
+        error = f"UDF {job.spec.name!r} failed on a partition of {len(keys)} group(s):\n{traceback.format_exc()}"
+        return results_table([Result(task.seq, task.key, None, None, None, error, 0) for task in tasks_of(tasks)])
+    nothing = pa.nulls(len(keys), pa.string())
+    output_column = _binary(np.frombuffer(output, np.uint8), offsets)
+    histories = _keep_histories(points.times, headers, groups.starts, window)
+    columns = [tasks.column("seq"), tasks.column("key"), output_column, histories, nothing, nothing, pa.array(emitted, pa.int64())]
+    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
 
 
 def _binary(data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
@@ -134,7 +127,7 @@ def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.n
     return _binary(data, offsets, first < starts[1:])
 
 
-def _call_vectorized(job: Job, rows: list[Task], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
+def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
     """The output frames of every group, group after group; where each group's begin
     (and the end), and how many points each group emitted."""
     frame, layout = user_frame(points)
@@ -142,7 +135,7 @@ def _call_vectorized(job: Job, rows: list[Task], points: DecodedPoints, headers:
         options=job.option_values(),
         group="",
         tags={},
-        groups=tuple(task.key for task in rows),
+        groups=tuple(keys),
         group_starts=groups.starts,
         **_task_context(job, points, frame),
     )
@@ -150,7 +143,7 @@ def _call_vectorized(job: Job, rows: list[Task], points: DecodedPoints, headers:
     if ctx.state:
         raise TypeError("a vectorized UDF keeps no ctx.state")
     # Rows each group had before this micro-batch: their results are dropped.
-    group_of_row = np.repeat(np.arange(len(rows)), np.diff(groups.starts))
+    group_of_row = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
     seen = groups.starts[:-1] + np.asarray(groups.history_rows, np.int64)
     encoded = encode_rows_of(result, headers, layout, points.num_rows, seen[group_of_row])
     if encoded is None:
