@@ -280,14 +280,14 @@ def test_a_udf_error_fails_the_task_with_a_clear_message(engines):
 @pytest.mark.parametrize("decoded", ["compiled", "reference"])
 def test_tag_named_like_a_field_is_shown_with_a_prefix(decoded):
     point = udf_pb2.Point(time=5, tags={"x": "tag value", "host": "a"}, fieldsDouble={"x": 1.0})
-    frame, layout = user_frame(decoded_points(encode_frame(point), decoded))
+    frame, layout = user_frame(decoded_points_of(encode_frame(point), decoded))
     # Tags, then fields, each sorted by name: the same layout whatever order points list them in.
     assert list(frame.columns) == ["time", "host", "tag:x", "x"]
     assert frame["time"][0] == pd.Timestamp(5, unit="ns", tz="UTC")
     assert layout.tag_columns == {"tag:x": "x", "host": "host"}
 
 
-def decoded_points(data, decoded):
+def decoded_points_of(data, decoded):
     """``data``'s points decoded by the compiled codec (its numpy arrays), or by the reference
     (its Arrow table): the two ways a UDF's frame is made."""
     if decoded == "compiled":
@@ -304,8 +304,8 @@ def test_the_frame_from_the_compiled_decoders_arrays_is_the_one_from_the_referen
     del points[8].fieldsDouble["d"]
     points[9].tags.pop("region")
     data = b"".join(encode_frame(point) for point in points)
-    compiled, compiled_layout = user_frame(decoded_points(data, "compiled"))
-    reference, reference_layout = user_frame(decoded_points(data, "reference"))
+    compiled, compiled_layout = user_frame(decoded_points_of(data, "compiled"))
+    reference, reference_layout = user_frame(decoded_points_of(data, "reference"))
     pd.testing.assert_frame_equal(compiled, reference)
     assert compiled_layout == reference_layout
     assert compiled["d"].tolist()[3:6] == [7, reference["d"][4], "text"] and compiled["region"][9] is None
@@ -313,9 +313,42 @@ def test_the_frame_from_the_compiled_decoders_arrays_is_the_one_from_the_referen
     # Where a number is absent from some points, pandas' nullable dtype tells NA from NaN.
     sparse = [udf_pb2.Point(time=1, name="m", fieldsDouble={"v": float("nan")}), udf_pb2.Point(time=2, name="m", fieldsInt={"n": 1})]
     for decoded in ("compiled", "reference"):
-        frame, _ = user_frame(decoded_points(b"".join(encode_frame(point) for point in sparse), decoded))
+        frame, _ = user_frame(decoded_points_of(b"".join(encode_frame(point) for point in sparse), decoded))
         assert str(frame["v"].dtype) == "Float64" and np.isnan(frame["v"][0]) and frame["v"][1] is pd.NA
         assert str(frame["n"].dtype) == "Int64" and frame["n"][0] is pd.NA and frame["n"][1] == 1
+
+
+@pytest.mark.parametrize("decoded", ["compiled", "reference"])
+def test_a_udf_may_write_into_its_frame_without_touching_what_the_runner_decoded(decoded):
+    points = [udf_pb2.Point(time=t, name="m", tags={"host": "a"}, fieldsDouble={"v": 1.0}, fieldsInt={"n": t} if t % 2 else {}) for t in (10, 21, 30)]
+    decoded_points = decoded_points_of(b"".join(encode_frame(point) for point in points), decoded)
+    frame, _ = user_frame(decoded_points)
+    # As a UDF may: the time, a float column and a column some points lack (Int64), in place.
+    frame.loc[0, "time"] = pd.Timestamp(0, tz="UTC")
+    frame.loc[1, "v"] = 5.0
+    frame.loc[1, "n"] = 42
+    assert frame["n"][1] == 42 and frame["n"].isna().tolist() == [True, False, True]
+    assert decoded_points.times.tolist() == [10, 21, 30]  # kept histories go by these
+    assert user_frame(decoded_points)[0]["v"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_udf_cannot_rename_the_columns_of_later_frames():
+    data = encode_frame(udf_pb2.Point(time=1, name="m", fieldsDouble={"v": 1.0}))
+    frame, _ = user_frame(decoded_points_of(data, "compiled"))
+    with pytest.raises(ValueError, match="read-only"):
+        frame.columns.values[1] = "renamed"
+    frame.columns = ["time", "mine"]  # renaming its own frame is fine
+    assert list(user_frame(decoded_points_of(data, "compiled"))[0].columns) == ["time", "v"]
+
+
+def test_a_result_with_two_columns_of_one_name_is_not_encoded_as_two_fields():
+    from udf_agent.compute.results import encode_rows_of
+
+    points, headers = pointcodec.decode_with_headers(encode_frame(udf_pb2.Point(time=1, name="m", fieldsDouble={"v": 1.0})))
+    frame, layout = user_frame(points)
+    result = pd.DataFrame([[1.0, 2.0]], columns=["a", "a"], index=frame.index)
+    assert encode_rows_of(result, headers, layout, 1, 0) is None
+    assert encode_rows_of(result.iloc[:, :1], headers, layout, 1, 0) is not None
 
 
 def test_moving_avg_of_extreme_values_does_not_depend_on_boundaries(engines):

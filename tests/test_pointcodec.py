@@ -121,10 +121,12 @@ def test_a_malformed_point_is_a_protocol_error(point):
     [b"\x12\x02\xff\xfe", b"\x32\x01\xc0", b"\x3a\x07\x0a\x01h\x12\x02\xed\xa0", b"\x52\x05\x0a\x01\xff\x12\x00", b"\x52\x06\x0a\x01s\x12\x01\x80"],
     ids=["name", "dimension", "tag-value", "field-name", "string-field"],
 )
-def test_invalid_utf8_is_a_protocol_error_before_any_column_is_read(extra):
-    point = udf_pb2.Point(time=1).SerializeToString() + extra
-    with pytest.raises(ProtocolError, match="UTF-8"):
-        pointcodec.decode_with_headers(encode_varint(len(point)) + point)
+def test_invalid_utf8_is_a_protocol_error_naming_the_point_when_decoded(extra):
+    good = udf_pb2.Point(time=1, name="m", tags={"host": "a"}).SerializeToString()
+    bad = udf_pb2.Point(time=2).SerializeToString() + extra
+    # Decoding alone raises: a vectorized UDF's frame is made without the table that used to check.
+    with pytest.raises(ProtocolError, match="point 2 of this micro-batch's group has a string, tag or field name that is not valid UTF-8"):
+        pointcodec.decode_with_headers(encode_varint(len(good)) + good + encode_varint(len(bad)) + bad)
 
 
 def reference_frames(points, result, first_row=0):

@@ -72,14 +72,18 @@ def user_frame(points: DecodedPoints) -> tuple[pd.DataFrame, Layout]:
 def _column_index(names: tuple[str, ...]) -> pd.Index:
     """One Index per set of column names: a new one costs 20 µs, and its first lookup as much
     again (a view shares the lookup table; each frame gets its own view, so renaming one
-    renames no other)."""
-    return pd.Index(names, dtype=object)
+    renames no other). Its names are read-only: a UDF writing into ``df.columns.values``
+    would otherwise rename the columns of every later frame."""
+    values = np.array(names, dtype=object)
+    values.flags.writeable = False
+    return pd.Index(values, dtype=object, copy=False)
 
 
 def _utc_times(nanoseconds: np.ndarray) -> Any:
-    """int64 nanoseconds as pandas' UTC timestamps, without a copy (the public constructors
-    check and convert them again: 20-30 µs against 2)."""
-    return DatetimeArray._simple_new(nanoseconds.view("M8[ns]"), dtype=_UTC)
+    """int64 nanoseconds as pandas' UTC timestamps (the public constructors check and convert
+    them again: 20-30 µs against 2). A copy: the UDF may change its frame's times, and the
+    runner keeps histories by the times decoded."""
+    return DatetimeArray._simple_new(nanoseconds.astype("M8[ns]"), dtype=_UTC)
 
 
 def _pandas_array(values: np.ndarray, valid: np.ndarray | None) -> Any:

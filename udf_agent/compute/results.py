@@ -127,8 +127,11 @@ def encode_rows_of(
     source = _source_rows(result, input_rows)
     if source is None:
         return None
+    names = result.columns.tolist()
+    if len(set(names)) != len(names):
+        return None  # read by name, two columns of one name are not two fields
     fields = []
-    for position, column in enumerate(result.columns.tolist()):
+    for position, column in enumerate(names):
         # The column's array, without making a Series of it (as long as the rest of this).
         values = result._get_column_array(position)
         if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(values, np.ndarray):

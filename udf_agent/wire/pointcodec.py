@@ -348,7 +348,7 @@ class DecodedPoints:
     def times(self) -> np.ndarray:
         if self._columns is not None:
             return self._columns.time
-        times: np.ndarray = self.table.column(cols.TIME).to_numpy()
+        times: np.ndarray = self.table.column(cols.TIME).to_numpy(zero_copy_only=False)
         return times
 
     @property
@@ -370,7 +370,8 @@ class DecodedPoints:
             return column.to_numpy(zero_copy_only=False), valid
         if valid is not None:
             column = column.fill_null(pa.scalar(False if pa.types.is_boolean(column.type) else 0, column.type))
-        return column.to_numpy(), valid
+        # Arrow's own memory is read-only; the UDF may write into its frame.
+        return np.array(column.to_numpy(zero_copy_only=False)), valid
 
 
 # Result columns that encode_rows writes, by pandas dtype kind, and their map field.
@@ -535,8 +536,10 @@ class _Columns:
 
         text = (self.entry_field == _TAGS) | (self.entry_field == _STRINGS)
         spans = np.concatenate((self.strings.reshape(-1, 2), self.dim_span, self.entry_key, self.entry_value[text]))
-        if first_invalid_utf8(buf, spans) >= 0:
-            raise ProtocolError("a string, tag or field name in this micro-batch's points is not valid UTF-8")
+        bad = first_invalid_utf8(buf, spans)
+        if bad >= 0:
+            point_of_span = np.concatenate((np.repeat(np.arange(points), 3), self.dim_point, self.entry_point, self.entry_point[text]))
+            raise ProtocolError(f"point {point_of_span[bad] + 1} of this micro-batch's group has a string, tag or field name that is not valid UTF-8")
         # Each tag and field column by name, sorted (map order differs between processes,
         # the table must not): its map field and its entries, in point order.
         order, bounds = _entries_by_column(self.column_of_entry, len(first))
