@@ -122,14 +122,15 @@ def encode_rows_of(
     leave in input order. Returns the frames, the input rows they stand for (plus
     ``offset``: rows of ``headers``) and where each frame ends.
     """
-    if not isinstance(result, pd.DataFrame) or TIME_COLUMN in result.columns.tolist():  # a list: no lookup table to build
+    if not isinstance(result, pd.DataFrame):
+        return None
+    names = result.columns.tolist()  # a list: no lookup table to build
+    # Read by name, two columns of one name are not two fields.
+    if TIME_COLUMN in names or len(set(names)) != len(names):
         return None
     source = _source_rows(result, input_rows)
     if source is None:
         return None
-    names = result.columns.tolist()
-    if len(set(names)) != len(names):
-        return None  # read by name, two columns of one name are not two fields
     fields = []
     for position, column in enumerate(names):
         # The column's array, without making a Series of it (as long as the rest of this).

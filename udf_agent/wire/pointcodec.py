@@ -579,17 +579,10 @@ class _Columns:
         if name == cols.BY_NAME:
             return self.by_name, None
         field, entries = self.sparse[name]
+        scattered, valid = self._scatter(field, entries)
         if field in (_TAGS, _STRINGS):
-            spans, valid, complete = _scatter_spans(self.entry_point, self.entry_value, entries, self.count)
-            mask = None if complete else valid
-            return self._objects(spans, mask), mask
-        numbers, valid, complete = _scatter_numbers(self.entry_point, self.entry_number, entries, self.count)
-        mask = None if complete else valid
-        if field == _DOUBLES:
-            return numbers.view(np.float64), mask
-        if field == _INTS:
-            return numbers, mask
-        return numbers != 0, mask
+            return self._objects(scattered, valid), valid
+        return _typed(field, scattered), valid
 
     def _objects(self, spans: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
         """The strings at ``spans`` as Python objects, None where not ``valid`` (made by
@@ -598,16 +591,28 @@ class _Columns:
         return strings
 
     def _column(self, field: int, entries: np.ndarray) -> pa.Array:
+        scattered, valid = self._scatter(field, entries)
         if field in (_TAGS, _STRINGS):
-            spans, valid, complete = _scatter_spans(self.entry_point, self.entry_value, entries, self.count)
-            return _strings(self.buf, spans, None if complete else valid)
-        numbers, valid, complete = _scatter_numbers(self.entry_point, self.entry_number, entries, self.count)
-        mask = None if complete else ~valid
-        if field == _DOUBLES:
-            return pa.array(numbers.view(np.float64), pa.float64(), mask=mask)
-        if field == _INTS:
-            return pa.array(numbers, pa.int64(), mask=mask)
-        return pa.array(numbers != 0, pa.bool_(), mask=mask)
+            return _strings(self.buf, scattered, valid)
+        return pa.array(_typed(field, scattered), mask=None if valid is None else ~valid)
+
+    def _scatter(self, field: int, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """A tag or field column, one row per point: its value spans (strings) or 64 bits
+        (numbers), and which points have one (None if all do)."""
+        if field in (_TAGS, _STRINGS):
+            scattered, valid, complete = _scatter_spans(self.entry_point, self.entry_value, entries, self.count)
+        else:
+            scattered, valid, complete = _scatter_numbers(self.entry_point, self.entry_number, entries, self.count)
+        return scattered, None if complete else valid
+
+
+def _typed(field: int, numbers: np.ndarray) -> np.ndarray:
+    """A numeric map field's 64 bits per point as its type: float64, int64 or bool."""
+    if field == _DOUBLES:
+        return numbers.view(np.float64)
+    if field == _INTS:
+        return numbers
+    return numbers != 0
 
 
 # The columns every table has, and where each string one's span lies in ``_Columns.strings``.
