@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import pandas as pd
 import pyarrow as pa
 
-from spark_backend.resident import ResidentWorkers
+from spark_backend.resident import ResidentWorkers, Results, Tasks
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker
 from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartError, open_session
 from spark_backend.settings import SparkSettings
@@ -39,6 +39,7 @@ from udf_agent.api import UDFSpec
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import EngineStartError, Tenant
 from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
+from udf_agent.compute.packed import ResultColumns, StreamTasks
 from udf_agent.errors import first_line
 from udf_agent.runtime.collector import freeze_startup_objects
 
@@ -108,6 +109,17 @@ class SparkEngine:
     def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task
         order; the resident slots are shared fairly between tenants (tasks)."""
+        results = self._run_on_session(job, tasks, tenant)
+        assert isinstance(results, pa.Table)
+        return results
+
+    def run_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None = None) -> ResultColumns:
+        """``run`` packed: so they travel to the resident workers; a Spark job reads its table."""
+        results = self._run_on_session(job, tasks, tenant)
+        assert isinstance(results, ResultColumns)
+        return results
+
+    def _run_on_session(self, job: Job, tasks: Tasks, tenant: Tenant | None) -> Results:
         ship_by_value(job.spec)
         exit_code = self._jvm_exit_code() if self._ready.is_set() else None
         if exit_code is not None:
@@ -196,11 +208,11 @@ class SparkEngine:
         session = self._session
         return None if session is None else session.jvm_exit_code()
 
-    def _run(self, job: Job, tasks: pa.Table, tenant: Tenant | None) -> pa.Table:
+    def _run(self, job: Job, tasks: Tasks, tenant: Tenant | None) -> Results:
         resident = self._resident
         if resident is None:
             assert self._session is not None  # ready
-            return run_as_job(self._session, job, tasks)
+            return _as_given(tasks, run_as_job(self._session, job, _table_of(tasks)))
         while True:
             try:
                 results = resident.run(job, tasks, tenant)
@@ -210,10 +222,10 @@ class SparkEngine:
                 self._fell_back = True
                 assert self._session is not None  # ready
                 tag = f"udf-agent-fallback-{os.getpid()}-{id(self)}-{next(self._fallbacks)}"
-                fallback = run_until_resident(self._session, resident, job, tasks, self.settings.batch_timeout, tag)
+                fallback = run_until_resident(self._session, resident, job, _table_of(tasks), self.settings.batch_timeout, tag)
                 if fallback is None:
                     continue  # a worker connected: the micro-batch goes to it
-                return fallback
+                return _as_given(tasks, fallback)
             if self._fell_back:
                 log.info("micro-batches run on Spark's resident workers again")
             self._fell_back = False
@@ -289,6 +301,16 @@ class SparkEngine:
                 _warm_workers(session)
             except Exception as exc:  # only an optimisation: the first micro-batch will start workers itself
                 log.warning("warming Spark's Python workers failed: %s", first_line(exc))
+
+
+def _table_of(tasks: Tasks) -> pa.Table:
+    """The task table a Spark job reads."""
+    return tasks.table() if isinstance(tasks, StreamTasks) else tasks
+
+
+def _as_given(tasks: Tasks, results: pa.Table) -> Results:
+    """A Spark job's result table, in the form ``tasks`` came in."""
+    return ResultColumns.of_table(results) if isinstance(tasks, StreamTasks) else results
 
 
 def _retire_session(resident: ResidentWorkers | None, session: SparkSession) -> None:

@@ -18,8 +18,8 @@ Many tasks share one engine on a server: slots go to them fairly (``resident_gra
 share of the slots while another task has work waiting.
 
 Messages, both ways: ``resident_protocol``. The job (the UDF and its options) travels once
-per worker, pickled by Spark's own cloudpickle as Spark ships any pandas UDF; tasks and
-results travel as Arrow IPC.
+per worker, pickled by Spark's own cloudpickle as Spark ships any pandas UDF; a stream
+micro-batch's tasks and results travel packed (``compute/packed.py``), a batch's as Arrow IPC.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
-from spark_backend.resident_protocol import JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, TASKS, send_message
+from spark_backend.resident_protocol import JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, send_message
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost
 from udf_agent.compute.contract import RESULT_SCHEMA, Job
+from udf_agent.compute.packed import ResultColumns, StreamTasks
 from udf_agent.wire.columns import message_table, table_message
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
@@ -54,10 +55,15 @@ log = logging.getLogger(__name__)
 SPLIT_BYTES = 512 * 1024
 
 
+# A micro-batch's tasks as an engine is handed them: a task table, or a stream slice packed.
+Tasks: TypeAlias = "pa.Table | StreamTasks"
+Results: TypeAlias = "pa.Table | ResultColumns"
+
+
 @dataclass(eq=False)
 class _Part:
     index: int
-    tasks: pa.Table
+    tasks: Tasks
     retry_of: str | None = None  # what was lost the first time
     fresh_after: float | None = None  # a retry runs on a worker that connected after this
 
@@ -129,8 +135,9 @@ class ResidentWorkers:
     def held_by(self, tenant: Hashable) -> int:
         return self._grants.held(tenant)
 
-    def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
-        """The micro-batch's results, computed in parts on the slots this task may hold."""
+    def run(self, job: Job, tasks: Tasks, tenant: Tenant | None = None) -> Results:
+        """The micro-batch's results, computed in parts on the slots this task may hold; in the
+        form its tasks came in (a table, or packed)."""
         if self._slots.stopped.is_set():
             raise WorkerLost("the engine was stopped")
         key: Hashable = tenant if tenant is not None else _ANONYMOUS
@@ -138,7 +145,9 @@ class ResidentWorkers:
         share, at_least = self._grants.parts_for(key, tasks.num_rows)
         parts = _split(tasks, share, at_least)
         results = self._run_parts(job, [_Part(i, part) for i, part in enumerate(parts)], key, tenant)
-        return pa.concat_tables(results) if len(results) > 1 else results[0]
+        if len(results) == 1:
+            return results[0]
+        return ResultColumns.concat(results) if isinstance(tasks, StreamTasks) else pa.concat_tables(results)
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A Handler script's requests, on the worker its handler lives on (``resident_handlers``)."""
@@ -155,12 +164,12 @@ class ResidentWorkers:
 
     # ---- a micro-batch's parts ----
 
-    def _run_parts(self, job: Job, parts: list[_Part], key: Hashable, tenant: Tenant | None) -> list[pa.Table]:
+    def _run_parts(self, job: Job, parts: list[_Part], key: Hashable, tenant: Tenant | None) -> list[Results]:
         """Each part on a worker of its own as slots are granted; the parts' results in order.
         A part has the batch timeout to compute from when it is sent."""
         pending = deque(parts)
         in_flight: deque[tuple[_Part, Worker, float]] = deque()
-        results: list[pa.Table | None] = [None] * len(parts)
+        results: list[Results | None] = [None] * len(parts)
         slot_wait_until = time.monotonic() + self.batch_timeout
         try:
             while pending or in_flight:
@@ -188,7 +197,7 @@ class ResidentWorkers:
                     continue
                 self._grants.answered(worker, key, tenant, kind, payload, f"UDF {job.spec.name!r}")
                 self._grants.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
-                results[part.index] = message_table(payload, RESULT_SCHEMA)
+                results[part.index] = ResultColumns.unpack(payload) if isinstance(part.tasks, StreamTasks) else message_table(payload, RESULT_SCHEMA)
         finally:
             # A part still out when the micro-batch fails: its answer is read and dropped
             # (or its worker given up), so the connection is ready for the next one.
@@ -208,15 +217,16 @@ class ResidentWorkers:
 
     def _send(self, worker: Worker, job: Job, part: _Part, deadline: float) -> None:
         key, pickled = self._job_pickle(job)
-        payload = table_message(part.tasks)
-        worker.exchange(deadline, self.batch_timeout, functools.partial(self._send_tasks, worker, key, pickled, payload))
+        tasks = part.tasks
+        kind, payload = (STREAM_TASKS, tasks.pack()) if isinstance(tasks, StreamTasks) else (TASKS, [table_message(tasks)])
+        worker.exchange(deadline, self.batch_timeout, functools.partial(self._send_tasks, worker, key, pickled, kind, payload))
 
-    def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, payload: pa.Buffer) -> None:
+    def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, kind: int, payload: list[Any]) -> None:
         if key not in worker.jobs:
             send_message(worker.sock, JOB, key, pickled)
             worker.jobs.add(key, None)
-        worker.jobs.use(key)  # as the worker will on reading TASKS: the two caches stay alike
-        send_message(worker.sock, TASKS, key, payload)
+        worker.jobs.use(key)  # as the worker will on reading the tasks: the two caches stay alike
+        send_message(worker.sock, kind, key, *payload)
 
     def _settle(self, worker: Worker, key: Hashable, tenant: Tenant | None, deadline: float) -> None:
         try:
@@ -243,16 +253,19 @@ class ResidentWorkers:
             return cached[1], cached[2]
 
 
-def _split(tasks: pa.Table, workers: int, at_least: int = 1) -> list[pa.Table]:
+def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     """Consecutive runs of tasks with about the same bytes of points: one per worker used
     (when the points are worth splitting), and at least ``at_least`` (so that a slow
     task's micro-batch lets other tasks' parts run between its own)."""
-    if at_least <= 1 and (workers <= 1 or tasks.column("data").nbytes < 2 * SPLIT_BYTES):
+    if at_least <= 1 and (workers <= 1 or _points_bytes(tasks) < 2 * SPLIT_BYTES):
         return [tasks]  # under 2 * SPLIT_BYTES of points: never worth splitting
     import numpy as np
     import pyarrow.compute as pc
 
-    sizes = np.cumsum(pc.binary_length(tasks.column("data")).to_numpy(zero_copy_only=False)) if tasks.num_rows else np.zeros(0)
+    if isinstance(tasks, StreamTasks):
+        sizes = np.cumsum(tasks.sizes())
+    else:
+        sizes = np.cumsum(pc.binary_length(tasks.column("data")).to_numpy(zero_copy_only=False)) if tasks.num_rows else np.zeros(0)
     total = int(sizes[-1]) if len(sizes) else 0
     parts = max(1, min(workers, tasks.num_rows, total // SPLIT_BYTES), min(at_least, tasks.num_rows))
     if parts == 1:
@@ -260,3 +273,9 @@ def _split(tasks: pa.Table, workers: int, at_least: int = 1) -> list[pa.Table]:
     cuts = np.searchsorted(sizes, [total * i // parts for i in range(1, parts)], side="left") + 1
     bounds = [0, *sorted(set(cuts.tolist())), tasks.num_rows]
     return [tasks.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _points_bytes(tasks: Tasks) -> int:
+    if isinstance(tasks, StreamTasks):
+        return int(tasks.sizes().sum())
+    return int(tasks.column("data").nbytes)

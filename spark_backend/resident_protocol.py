@@ -2,7 +2,8 @@
 
 A header (kind: 1 byte, payload length: 8 bytes; ``udf_agent/wire/links.py``), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
-UDF, keyed by a digest of its pickle; tasks and results travel as one Arrow IPC record batch
+UDF, keyed by a digest of its pickle. A stream micro-batch's tasks and results travel packed
+(``compute/packed.py``: lengths, then bytes); a Kapacitor batch's as one Arrow IPC record batch
 message each, without a schema: both ends know the compute contract's (``columns.table_message``). A Kapacitor
 Handler script's requests travel as HANDLER (a JSON header, then its byte strings one after
 another), what its handler wrote as RESULT in the same shape.
@@ -24,10 +25,11 @@ if TYPE_CHECKING:
 
     from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 
-# HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB and
-# TASKS carry the job key first. OVER_MEMORY is a worker's last word: it passed its memory
-# limit while computing, and exits.
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER = range(1, 9)
+# HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB, TASKS
+# and STREAM_TASKS carry the job key first. A RESULT answers in the form it was asked: a
+# result table for TASKS, packed result columns for STREAM_TASKS. OVER_MEMORY is a worker's
+# last word: it passed its memory limit while computing, and exits.
+HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER, STREAM_TASKS = range(1, 10)
 JOB_KEY_BYTES = 16
 
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).

@@ -25,6 +25,7 @@ from spark_backend.resident_protocol import (
     JOB_KEY_BYTES,
     OVER_MEMORY,
     RESULT,
+    STREAM_TASKS,
     WELCOME,
     JobCache,
     describe_failure,
@@ -35,7 +36,8 @@ from spark_backend.resident_protocol import (
 )
 from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
-from udf_agent.compute.run import compute_tasks
+from udf_agent.compute.packed import StreamTasks
+from udf_agent.compute.run import compute_stream, compute_tasks
 from udf_agent.wire.columns import message_table, table_message
 
 # While a part computes, the worker's resident memory is looked at this often.
@@ -77,15 +79,19 @@ def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, mem
             if guard is not None:
                 guard.computing.set()
             try:
-                reply = table_message(compute_tasks(jobs.use(key), message_table(body, TASK_SCHEMA)))
+                job = jobs.use(key)
+                if kind == STREAM_TASKS:
+                    reply = compute_stream(job, StreamTasks.unpack(body)).pack()
+                else:
+                    reply = [table_message(compute_tasks(job, message_table(body, TASK_SCHEMA)))]
             except Exception as exc:
-                answer, content = FAILURE, describe_failure(exc).encode()
+                answer, content = FAILURE, [describe_failure(exc).encode()]
             else:
                 answer, content = RESULT, reply
             with sending:
                 if guard is not None:
                     guard.computing.clear()
-                send_message(sock, answer, content)
+                send_message(sock, answer, *content)
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
 

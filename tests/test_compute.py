@@ -505,13 +505,13 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
     # A micro-batch over more groups than a task slice holds is computed slice by slice.
     monkeypatch.setattr("udf_agent.runtime.tasks.TASK_SLICE_GROUPS", slice_groups)
     sizes = []
-    run = spark_engine.run
+    run = spark_engine.run_stream
 
     def counted(job, tasks, tenant=None):
-        sizes.append(tasks.num_rows)
+        sizes.append(len(tasks))
         return run(job, tasks, tenant)
 
-    monkeypatch.setattr(spark_engine, "run", counted)
+    monkeypatch.setattr(spark_engine, "run_stream", counted)
     rng = np.random.default_rng(5)
     groups, per_group, size = 10_000, 3, 2
     values = rng.normal(size=groups * per_group)

@@ -159,16 +159,18 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
 
 
 def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):
-    import pyarrow as pa
+    import dataclasses
+
+    from udf_agent.compute.packed import Blobs, StreamTasks
 
     resident = spark_engine.resident
-    tasks = stream_tasks(rich_points(8))
-    column = tasks.schema.get_field_index("data")
-    broken = tasks.set_column(column, tasks.schema.field(column), pa.nulls(tasks.num_rows, pa.binary()))  # groups without points
+    tasks = StreamTasks.of_table(stream_tasks(rich_points(8)))
+    # Lengths of points that were never sent: the worker cannot read the message.
+    broken = dataclasses.replace(tasks, data=Blobs(b"", tasks.data.lengths))
     with pytest.raises(RuntimeError) as failure:
         resident.run(Job(moving_avg, {"field": "i", "size": 2, "as": "avg"}), broken)
     headline = first_line(failure.value)
-    assert "failed outside the UDF: TypeError" in headline and "NoneType" in headline, headline
+    assert "failed outside the UDF: ValueError" in headline and "lengths run past its bytes" in headline, headline
     assert " in " in headline and ".py:" in headline, headline  # where it was raised
     assert "Traceback (most recent call last)" in str(failure.value)  # the whole of it follows
     # The workers are fine: the next micro-batch computes.

@@ -310,20 +310,21 @@ def test_a_micro_batchs_frames_are_read_from_its_result_columns_as_they_lie():
     import numpy as np
     import pyarrow as pa
 
-    from udf_agent.runtime.output import joined_frames, output_pieces
+    from udf_agent.compute.packed import Blobs
+    from udf_agent.runtime.output import output_pieces
     from udf_agent.wire.hotpath import REFERENCE
 
     frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * t))) for t in range(8)]
-    first = pa.array([frames[0] + frames[1], None, frames[2]], pa.binary())
-    second = pa.array([b"ignored", frames[3], b"", frames[4] + frames[5] + frames[6], b"ignored too"], pa.binary()).slice(1, 3)
-    data, ends = joined_frames([first, second])
-    assert data == b"".join(frames[:7])
+    first = Blobs.of_arrow(pa.array([frames[0] + frames[1], None, frames[2]], pa.binary()))
+    second = Blobs.of_arrow(pa.array([b"ignored", frames[3], b"", frames[4] + frames[5] + frames[6], b"ignored too"], pa.binary()).slice(1, 3))
+    both = Blobs.concat([first, second])
+    assert both.data.tobytes() == b"".join(frames[:7])
     sizes = [len(frames[0] + frames[1]), 0, len(frames[2]), len(frames[3]), 0, len(frames[4] + frames[5] + frames[6])]
-    assert ends.tolist() == np.cumsum(sizes).tolist()
-    assert joined_frames([])[0] == b"" and len(joined_frames([])[1]) == 0
+    assert both.ends.tolist() == np.cumsum(sizes).tolist()
+    assert both.tolist() == [frames[0] + frames[1], None, frames[2], frames[3], b"", b"".join(frames[4:7])]
     # Group after group (no arrival order given), in pieces of whole frames.
     # Each task table's frames are joined as it is computed, then the slices one after another.
-    slices = [joined_frames([first]), joined_frames([second])]
+    slices = [(first.data.tobytes(), first.ends), (second.data.tobytes(), second.ends)]
     pieces = list(output_pieces(slices, np.array([2, 0, 1, 1, 0, 3]), None, REFERENCE))
     assert b"".join(pieces) == b"".join(frames[:7])
     assert all(piece for piece in pieces)

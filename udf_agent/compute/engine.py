@@ -2,7 +2,8 @@
 
 An engine takes the tasks of one micro-batch (an Arrow table of
 ``compute.contract.TASK_SCHEMA``) and returns one result row per task, an Arrow table of
-``compute.contract.RESULT_SCHEMA``, in task order. ``start`` returns at once:
+``compute.contract.RESULT_SCHEMA``, in task order; a stream micro-batch's, the same packed
+(``compute.packed``: no Arrow on a small micro-batch's way). ``start`` returns at once:
 engines warm up in the background while the agent keeps answering Kapacitor.
 Nothing heavy is imported here, so the Info path stays fast.
 """
@@ -16,6 +17,7 @@ if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch
 
     from udf_agent.compute.contract import Job
     from udf_agent.compute.handlers import HandlerCall, HandlerHosts, HandlerOutcome
+    from udf_agent.compute.packed import ResultColumns, StreamTasks
 
 
 class EngineStartError(RuntimeError):
@@ -48,6 +50,10 @@ class Engine(Protocol):
         """Tasks of ``compute.contract.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out,
         in task order; ``tenant``, the task whose they are, for an engine that shares slots."""
 
+    def run_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None = None) -> ResultColumns:
+        """``run`` of a stream micro-batch's slice, tasks and results packed (``compute.packed``):
+        what the agent hands a stream task's engine."""
+
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A micro-batch of a Kapacitor Handler script's requests, fed to the task's handler
         where it lives (built there, or rebuilt, from ``call.rebuild`` when it is not)."""
@@ -76,6 +82,11 @@ class LocalEngine:
         from udf_agent.compute.run import compute_tasks
 
         return compute_tasks(job, tasks)
+
+    def run_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None = None) -> ResultColumns:
+        from udf_agent.compute.run import compute_stream
+
+        return compute_stream(job, tasks)
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         from udf_agent.compute.handlers import HandlerHosts

@@ -18,8 +18,9 @@ import pandas as pd
 import pyarrow as pa
 
 from udf_agent.api import Context
-from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
+from udf_agent.compute.contract import TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
 from udf_agent.compute.frame import user_frame
+from udf_agent.compute.packed import NONE, Blobs, ResultColumns, StreamTasks
 from udf_agent.compute.results import encode_rows_of, output_points
 from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
@@ -41,7 +42,8 @@ def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataF
 def compute_tasks(job: Job, tasks: pa.Table) -> pa.Table:
     """Every engine's work: a table of ``TASK_SCHEMA`` in, one of ``RESULT_SCHEMA`` out, row for row."""
     if job.spec.wants == "stream" and tasks.num_rows:
-        return _run_stream_partition(job, tasks)
+        stream = StreamTasks.of_table(tasks)
+        return compute_stream(job, stream).table(stream)
     return results_table([run_task(job, task) for task in tasks_of(tasks)])
 
 
@@ -53,27 +55,42 @@ class _Groups:
     history_rows: list[int]
 
 
-def _run_stream_partition(job: Job, tasks: pa.Table) -> pa.Table:
-    """Every group of a partition decoded at once: history, then new points, group after group."""
-    histories, new_points = (tasks.column(name).to_pylist() for name in ("history", "data"))
-    parts = [part for history, data in zip(histories, new_points) for part in (history or b"", data)]
+def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
+    """A stream slice's groups decoded at once (history, then new points, group after group),
+    its results row for row; ``compute_tasks`` of its task table, in packed form."""
+    if not len(tasks):
+        return ResultColumns.of_results([])
+    joined, part_bounds = _histories_then_points(tasks)
     try:
-        points, headers = pointcodec.decode_with_headers(b"".join(parts))
+        points, headers = pointcodec.decode_with_headers(joined)
         # Where each group's history and new points begin, as point numbers.
-        bounds = headers.points_at(np.cumsum([0] + [len(part) for part in parts]))
+        bounds = headers.points_at(part_bounds)
     except ProtocolError:
-        return results_table([run_task(job, task) for task in tasks_of(tasks)])  # one by one, to name the group at fault
+        return ResultColumns.of_results([run_task(job, task) for task in tasks.tasks()])  # one by one, to name the group at fault
     starts = bounds[0::2]
     groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
     window = job.history_window
     if job.spec.vectorized:
         return _run_vectorized(job, tasks, points, headers, groups, window)
     table = points.table
-    rows = tasks_of(tasks)
-    return results_table([
+    return ResultColumns.of_results([
         _run_group(job, task, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
-        for task, start, end, history_rows in zip(rows, starts[:-1], starts[1:], groups.history_rows)
+        for task, start, end, history_rows in zip(tasks.tasks(), starts[:-1], starts[1:], groups.history_rows)
     ])
+
+
+def _histories_then_points(tasks: StreamTasks) -> tuple[bytes, np.ndarray]:
+    """Each group's kept history then its new points, group after group, as one buffer; and
+    where each of those parts begins (then the end)."""
+    histories, data = tasks.histories, tasks.data
+    history_lengths, data_lengths = np.maximum(histories.lengths, 0), data.lengths
+    parts: list[memoryview] = []
+    for history_end, history_length, data_end, data_length in zip(histories.ends.tolist(), history_lengths.tolist(), data.ends.tolist(), data_lengths.tolist()):
+        parts.append(histories.data[history_end - history_length : history_end])
+        parts.append(data.data[data_end - data_length : data_end])
+    lengths = np.empty(2 * len(tasks), np.int64)
+    lengths[0::2], lengths[1::2] = history_lengths, data_lengths
+    return b"".join(parts), np.concatenate(([0], np.cumsum(lengths)))
 
 
 def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:
@@ -89,42 +106,33 @@ def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.
 
 
 def _run_vectorized(
-    job: Job, tasks: pa.Table, points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
-) -> pa.Table:
+    job: Job, tasks: StreamTasks, points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups, window: dict[str, int] | None
+) -> ResultColumns:
     """One call for every group of the partition; its per-row result is cut back into groups."""
-    keys = tasks.column("key").to_pylist()
+    keys = tasks.keys
     try:
         output, offsets, emitted = _call_vectorized(job, keys, points, headers, groups)
     except Exception:
         error = f"UDF {job.spec.name!r} failed on a partition of {len(keys)} group(s):\n{traceback.format_exc()}"
-        return results_table([Result(task.seq, task.key, None, None, None, error, 0) for task in tasks_of(tasks)])
-    nothing = pa.nulls(len(keys), pa.string())
-    output_column = _binary(np.frombuffer(output, np.uint8), offsets)
+        return ResultColumns.of_results([Result(task.seq, task.key, None, None, None, error, 0) for task in tasks.tasks()])
     histories = _keep_histories(points.times, headers, groups.starts, window)
-    columns = [tasks.column("seq"), tasks.column("key"), output_column, histories, nothing, nothing, pa.array(emitted, pa.int64())]
-    return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
+    nothing = Blobs.missing(len(keys))
+    return ResultColumns(Blobs(output, np.diff(offsets)), histories, nothing, nothing, np.asarray(emitted, np.int64))
 
 
-def _binary(data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
-    """A binary array over ``data`` (item i: ``data[offsets[i]:offsets[i + 1]]``), without copying it."""
-    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(
-        pa.binary(), len(offsets) - 1, [bitmap, pa.py_buffer(np.ascontiguousarray(offsets, np.int32)), pa.py_buffer(data)]
-    )
-
-
-def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> pa.Array:
+def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> Blobs:
     """``_keep_history`` for every group at once: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
     count = len(starts) - 1
     if not window:
-        return pa.nulls(count, pa.binary())
+        return Blobs.missing(count)
     if "rows" not in window:
-        kept = [_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
-        return pa.array(kept, pa.binary())
+        return Blobs.of([_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
     # The last rows of a group are one stretch of bytes.
     first = np.maximum(starts[:-1], starts[1:] - window["rows"])
     data, offsets = headers.gather_stretches(first, starts[1:])
-    return _binary(data, offsets, first < starts[1:])
+    lengths = np.diff(offsets).astype(np.int64)
+    lengths[first >= starts[1:]] = NONE
+    return Blobs(data, lengths)
 
 
 def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:

@@ -1,9 +1,9 @@
 """A micro-batch's output frames as the pieces handed to the writer, in the order they leave.
 
-The frames come as the engine's result columns (Arrow binary, one row per group): each task
-table's bytes are taken from its column's buffers as soon as it is computed (the rest of the
-result, histories included, is then let go), so no Python object is made per group or per point
-on the way to the writer.
+The frames come as each slice's output column (``compute.packed.Blobs``, one item per group):
+its bytes are copied out as soon as the slice is computed (the rest of the result, histories
+included, is then let go), so no Python object is made per group or per point on the way to
+the writer.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from udf_agent.runtime.writer import WRITE_CHUNK
 from udf_agent.wire.batches import in_arrival_order
@@ -19,29 +18,8 @@ from udf_agent.wire.grouped import GroupedPoints
 from udf_agent.wire.hotpath import WireKernels
 
 
-def joined_frames(outputs: Sequence[pa.Array]) -> tuple[bytes, np.ndarray]:
-    """The frames of every group of ``outputs`` (binary columns; null: no frames), one group
-    after another, and where each group's end."""
-    pieces: list[memoryview] = []
-    ends: list[np.ndarray] = []
-    written = 0
-    for column in outputs:
-        if column.null_count:
-            column = column.fill_null(b"")
-        _, offsets_buffer, data_buffer = column.buffers()
-        offset_type = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-        offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset : column.offset + len(column) + 1].astype(np.int64)
-        if len(offsets) < 2:
-            continue
-        first, last = int(offsets[0]), int(offsets[-1])
-        pieces.append(memoryview(data_buffer)[first:last] if data_buffer is not None else memoryview(b""))
-        ends.append(offsets[1:] - first + written)
-        written += last - first
-    return b"".join(pieces), np.concatenate(ends) if ends else np.zeros(0, np.int64)
-
-
 def output_pieces(slices: Sequence[tuple[bytes, np.ndarray]], counts: np.ndarray, grouped: GroupedPoints | None, kernels: WireKernels) -> Iterator[bytes]:
-    """Each group's output frames (``slices``: each task table's ``joined_frames``; ``counts``
+    """Each group's output frames (``slices``: each slice's frames and where each group's end; ``counts``
     frames a group, in group order), in input arrival order across groups when every group gave
     one frame per new point (1:1 UDFs, as a per-point agent would) and ``grouped`` says how the
     input arrived, else group after group. In pieces of whole frames, so keepalive replies get

@@ -29,14 +29,13 @@ from udf_agent.wire.batches import HandlerMicroBatch
 
 if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off the Info path
     import numpy as np
-    import pyarrow as pa
 
     from udf_agent.compute.contract import Job
     from udf_agent.compute.engine import Engine
     from udf_agent.options import OptionValues
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.handler_task import HandlerTask
-    from udf_agent.runtime.tasks import MicroBatch, TaskTables
+    from udf_agent.runtime.tasks import MicroBatch, Tasks, TaskTables
     from udf_agent.wire.hotpath import WireKernels
 
 log = logging.getLogger(__name__)
@@ -206,54 +205,48 @@ class MicroBatchRunner:
             self.writer.send(outcome.output)
         self.stats.compute_seconds.observe(time.monotonic() - started)
 
-    def _compute_slice(self, job: Job, engine: Engine, tasks: pa.Table, task_tables: TaskTables, done: _Computed) -> bool:
-        """Runs one task table and keeps its groups' new history and state; False once a
+    def _compute_slice(self, job: Job, engine: Engine, tasks: Tasks, task_tables: TaskTables, done: _Computed) -> bool:
+        """Runs one slice of tasks and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
+        keys = task_tables.keys(tasks)
         try:
-            results = engine.run(job, tasks, self.stats)
+            results = task_tables.run(engine, job, tasks, self.stats)
         except Exception as exc:
             if isinstance(exc, EngineStartError):
                 log.error("compute engine failed: %s", exc)
             else:
                 log.exception("compute engine failed")
-            data = tasks.column("data").to_pylist()
-            points = sum(task_tables.points_in(tasks, range(len(data))))
-            message = f"compute engine failed on {len(data)} group(s), {points} point(s): {first_line(exc)}"
+            every = range(len(keys))
+            points = sum(task_tables.points_in(tasks, every))
+            message = f"compute engine failed on {len(keys)} group(s), {points} point(s): {first_line(exc)}"
             if self.config.on_error == "fail":
                 raise UDFError(message) from exc
-            self._set_aside(job.spec.name, message, data, points)
+            self._set_aside(job.spec.name, message, task_tables.points(tasks, every), points)
             done.set_aside = True
             return True
         if self.abandoned:
             return False
-        # The frames are read from their column now (``output.joined_frames``): the result's
-        # buffers, histories included, are let go with it. The rest is kept per group.
-        keys, histories, states = (results.column(name).to_pylist() for name in ("key", "history", "state"))
-        outputs = results.column("output")  # a chunk per part the engine cut
-        counts = results.column("emitted").to_numpy()
-        error_column = results.column("error")
-        errors: list[str | None] = [None] * len(keys) if error_column.null_count == len(keys) else error_column.to_pylist()
-        del results
+        outputs = results.output
+        errors: list[str | None] = [None] * len(keys) if results.errors.all_missing() else results.errors.texts()
         bad = [i for i, error in enumerate(errors) if error is not None]
         if bad and self.config.on_error != "fail":
             # The failed groups are set aside; the others go on as if nothing happened.
-            data = tasks.column("data").to_pylist()
             more = f" (and {len(bad) - 1} more group(s))" if len(bad) > 1 else ""
             points = sum(task_tables.points_in(tasks, bad))
             first_error = errors[bad[0]]
             assert first_error is not None
-            self._set_aside(job.spec.name, _error_summary(first_error) + more, [data[i] for i in bad], points, first_error + more)
-            outputs = _without(outputs, bad)
+            self._set_aside(job.spec.name, _error_summary(first_error) + more, task_tables.points(tasks, bad), points, first_error + more)
+            outputs = outputs.without(bad)
             done.set_aside = True
             bad = []
         ended = bad[0] if bad else len(keys)
-        for key, history, state, error in zip(keys[:ended], histories, states, errors):
+        for key, history, state, error in zip(keys[:ended], results.histories.tolist(), results.states.texts(), errors):
             if error is None:  # a set-aside group keeps what it had
                 self.groups.keep(key, history, state)
-        from udf_agent.runtime.output import joined_frames
-
-        done.frames.append(joined_frames(outputs.slice(0, ended).chunks))
-        done.counts.append(counts[:ended])
+        # The frames are copied out now: the results' buffers, histories included, are let go.
+        kept = outputs.slice(0, ended)
+        done.frames.append((kept.data.tobytes(), kept.ends))
+        done.counts.append(results.emitted[:ended])
         if bad:
             done.failure = errors[bad[0]]
             return False
@@ -318,17 +311,6 @@ class MicroBatchRunner:
         else:
             log.info("restored state of %d group(s)", restored)
             self._send(self.replies.restored(None))
-
-
-def _without(outputs: pa.ChunkedArray, rows: list[int]) -> pa.ChunkedArray:
-    """``outputs`` with no frames for ``rows`` (set-aside groups)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kept = np.ones(len(outputs), dtype=bool)
-    kept[rows] = False
-    return pc.if_else(pa.array(kept), outputs, pa.scalar(None, outputs.type))
 
 
 def _error_summary(error: str) -> str:

@@ -3,75 +3,99 @@ state: one kind per edge the UDF wants, chosen once per task (``task_tables_for`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
 from udf_agent.api import UDFSpec
-from udf_agent.compute.contract import TASK_SCHEMA, Task, tasks_table
+from udf_agent.compute.contract import Job, Task, tasks_table
+from udf_agent.compute.packed import Blobs, ResultColumns, StreamTasks
 from udf_agent.runtime.groups import GroupStore
 from udf_agent.wire.batches import BatchMicroBatch, HandlerMicroBatch, StreamMicroBatch
 from udf_agent.wire.grouped import GroupedPoints, prefixed_ends
 from udf_agent.wire.hotpath import WireKernels
 
-# A stream group's task has no Kapacitor batch: these columns come last, and are null.
-_BATCH_COLUMNS = [name for name in TASK_SCHEMA.names if name.startswith("batch_")]
-assert TASK_SCHEMA.names[-len(_BATCH_COLUMNS) :] == _BATCH_COLUMNS
+if TYPE_CHECKING:
+    from udf_agent.compute.engine import Engine, Tenant
+
 # Groups per task table: a micro-batch touching more (group churn) is computed in slices.
 TASK_SLICE_GROUPS = 10_000
 
 MicroBatch = StreamMicroBatch | BatchMicroBatch | HandlerMicroBatch
+# One slice of a micro-batch's tasks: a stream's packed, a Kapacitor batch's a task table.
+Tasks: TypeAlias = "StreamTasks | pa.Table"
 
 
 class TaskTables(Protocol):
-    """A micro-batch's task tables, read one after another (each may need the state the one
-    before it left), and what its output's order and failures need to know."""
+    """A micro-batch's task tables (a stream micro-batch's packed, ``compute.packed``), read one
+    after another (each may need the state the one before it left), run on the task's engine;
+    and what its output's order and failures need to know."""
 
     @property
     def arrival(self) -> GroupedPoints | None:
         """How the points arrived, when 1:1 output can go back in that order (stream micro-batches)."""
         ...
 
-    def __iter__(self) -> Iterator[pa.Table]: ...
+    def __iter__(self) -> Iterator[Tasks]: ...
 
-    def points_in(self, tasks: pa.Table, rows: Sequence[int]) -> list[int]:
-        """How many points each of the task table's ``rows`` holds (set-aside input: rare)."""
+    def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
+        """``tasks`` computed on ``engine``, the results row for row."""
+        ...
+
+    def keys(self, tasks: Tasks) -> list[str]:
+        """Each task's group."""
+        ...
+
+    def points(self, tasks: Tasks, rows: Sequence[int]) -> list[bytes]:
+        """The new points of the tasks' ``rows``, as they came (set-aside input: rare)."""
+        ...
+
+    def points_in(self, tasks: Tasks, rows: Sequence[int]) -> list[int]:
+        """How many points each of the tasks' ``rows`` holds (set-aside input: rare)."""
         ...
 
 
 class StreamTaskTables:
     """A stream micro-batch: one task per group, in slices of at most ``TASK_SLICE_GROUPS``
     groups, so what a slice ships (every group's kept history) and what the workers decode
-    stays bounded however many groups a micro-batch touches."""
+    stays bounded however many groups a micro-batch touches. Packed, not Arrow: at a trickle
+    a micro-batch is a few groups, and an Arrow table's making and reading costs more than
+    the points' own work (``compute.packed``)."""
 
     def __init__(self, batch: MicroBatch, store: GroupStore, kernels: WireKernels):
         assert isinstance(batch, StreamMicroBatch)  # a stream task's intake makes no other
         self.arrival = batch.grouped(kernels)
         self._store = store
 
-    def __iter__(self) -> Iterator[pa.Table]:
+    def __iter__(self) -> Iterator[StreamTasks]:
         grouped = self.arrival
-        data = grouped.arrow()
+        data = Blobs(grouped.data, np.diff(grouped.bounds))
         for first in range(0, len(grouped), TASK_SLICE_GROUPS):
-            last = min(len(grouped), first + TASK_SLICE_GROUPS)
-            keys = grouped.keys[first:last]
+            count = min(len(grouped), first + TASK_SLICE_GROUPS) - first
+            keys = grouped.keys[first : first + count]
             kept = [self._store.get(key) for key in keys]
-            columns = [
-                pa.array(np.arange(first, last)),
-                pa.array(keys, pa.string()),
-                data.slice(first, last - first),
-                pa.array([history for history, _ in kept], pa.binary()),
-                pa.array([state for _, state in kept], pa.string()),
-                *(_few_no_batches(len(keys)) if len(keys) <= FEW_GROUPS else _no_batches(len(keys))),
-            ]
-            yield pa.Table.from_arrays(columns, schema=TASK_SCHEMA)
+            histories = Blobs.of([history for history, _ in kept])
+            states = Blobs.of_texts([state for _, state in kept])
+            yield StreamTasks(first, keys, data.slice(first, count), histories, states)
 
-    def points_in(self, tasks: pa.Table, rows: Sequence[int]) -> list[int]:
-        first = tasks.column("seq")[0].as_py()  # a slice's groups' counts are known
-        return [int(self.arrival.counts[first + row]) for row in rows]
+    def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
+        assert isinstance(tasks, StreamTasks)
+        return engine.run_stream(job, tasks, tenant)
+
+    def keys(self, tasks: Tasks) -> list[str]:
+        assert isinstance(tasks, StreamTasks)
+        return tasks.keys
+
+    def points(self, tasks: Tasks, rows: Sequence[int]) -> list[bytes]:
+        assert isinstance(tasks, StreamTasks)
+        data = tasks.data.tolist()
+        return [data[row] or b"" for row in rows]
+
+    def points_in(self, tasks: Tasks, rows: Sequence[int]) -> list[int]:
+        assert isinstance(tasks, StreamTasks)
+        return [int(self.arrival.counts[tasks.first + row]) for row in rows]
 
 
 class BatchTaskTables:
@@ -105,21 +129,23 @@ class BatchTaskTables:
             )
         yield tasks_table(rows)
 
-    def points_in(self, tasks: pa.Table, rows: Sequence[int]) -> list[int]:
+    def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
+        assert isinstance(tasks, pa.Table)
+        return ResultColumns.of_table(engine.run(job, tasks, tenant))
+
+    def keys(self, tasks: Tasks) -> list[str]:
+        assert isinstance(tasks, pa.Table)
+        keys: list[str] = tasks.column("key").to_pylist()
+        return keys
+
+    def points(self, tasks: Tasks, rows: Sequence[int]) -> list[bytes]:
+        assert isinstance(tasks, pa.Table)
         data = tasks.column("data")
-        ends = [prefixed_ends(data[row].as_py()) for row in rows]
+        return [data[row].as_py() for row in rows]
+
+    def points_in(self, tasks: Tasks, rows: Sequence[int]) -> list[int]:
+        ends = [prefixed_ends(data) for data in self.points(tasks, rows)]
         return [0 if row_ends is None else len(row_ends) for row_ends in ends]
-
-
-def _no_batches(groups: int) -> tuple[pa.Array, ...]:
-    """The null batch columns of a stream task table of ``groups`` rows."""
-    return tuple(pa.nulls(groups, TASK_SCHEMA.field(name).type) for name in _BATCH_COLUMNS)
-
-
-# Micro-batches of a few groups recur at a trickle, where making these columns is a visible
-# share of the work: they are made once per size (Arrow arrays are immutable), small ones only.
-FEW_GROUPS = 64
-_few_no_batches = functools.lru_cache(maxsize=FEW_GROUPS)(_no_batches)
 
 
 def task_tables_for(spec: UDFSpec) -> Callable[[MicroBatch, GroupStore, WireKernels], TaskTables]:

@@ -1,0 +1,274 @@
+"""A stream micro-batch's tasks and every micro-batch's results as plain columns: optional byte
+strings in one buffer each, numbers in numpy arrays.
+
+The compute contract's tables (``contract.py``) are what a Spark job reads and writes. A stream
+micro-batch at a trickle is a few groups, where making, sending and reading Arrow tables cost
+the agent and its resident worker more than the points' own work (pyarrow's calls cost several
+times as much between micro-batches as in a loop: docs/hot-path.md). Here, a column is one
+buffer and its lengths, packed for the resident link as lengths then bytes (the links'
+little-endian eight-byte integers, ``wire/links.py``), and read back without a copy. Either
+form converts to the other, row for row (``StreamTasks.table``, ``ResultColumns.of_table``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Result, Task
+
+# Lengths and numbers on the link: the links' byte order and width.
+INTEGERS = np.dtype("<i8")
+NONE = -1  # the length of a missing item
+
+
+class Blobs:
+    """Optional byte strings, item ``i`` being ``data[starts[i]:starts[i] + lengths[i]]``, or
+    None where ``lengths[i]`` is ``NONE``; items lie one after another in ``data``."""
+
+    __slots__ = ("data", "lengths", "_ends")
+
+    def __init__(self, data: Any, lengths: np.ndarray):
+        self.data = memoryview(data).cast("B")
+        self.lengths = lengths
+        self._ends: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, items: Sequence[bytes | None]) -> Blobs:
+        lengths = np.fromiter((NONE if item is None else len(item) for item in items), INTEGERS, len(items))
+        return cls(b"".join(item for item in items if item), lengths)
+
+    @classmethod
+    def of_texts(cls, items: Sequence[str | None]) -> Blobs:
+        return cls.of([None if item is None else item.encode() for item in items])
+
+    @classmethod
+    def missing(cls, count: int) -> Blobs:
+        return cls(b"", np.full(count, NONE, INTEGERS))
+
+    @classmethod
+    def of_arrow(cls, column: pa.Array | pa.ChunkedArray) -> Blobs:
+        """A binary or string column's items, its data buffer shared, not copied."""
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        count = len(column)
+        if count == 0:
+            return cls.missing(0)
+        _, offsets_buffer, data_buffer = column.buffers()
+        offset_type = np.int64 if pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type) else np.int32
+        offsets = np.frombuffer(offsets_buffer, offset_type)[column.offset : column.offset + count + 1].astype(INTEGERS)
+        lengths = np.diff(offsets)
+        if column.null_count:
+            lengths[column.is_null().to_numpy(zero_copy_only=False)] = NONE
+        first, last = int(offsets[0]), int(offsets[-1])
+        return cls(memoryview(data_buffer)[first:last] if data_buffer is not None else b"", lengths)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def ends(self) -> np.ndarray:
+        """Where each item ends in ``data`` (a missing one takes no bytes)."""
+        if self._ends is None:
+            self._ends = np.cumsum(np.maximum(self.lengths, 0), dtype=INTEGERS)
+        return self._ends
+
+    def all_missing(self) -> bool:
+        return bool((self.lengths == NONE).all())
+
+    def tolist(self) -> list[bytes | None]:
+        if self.all_missing():
+            return [None] * len(self)
+        data, ends = self.data, self.ends.tolist()
+        return [None if length == NONE else data[end - length : end].tobytes() for length, end in zip(self.lengths.tolist(), ends)]
+
+    def texts(self) -> list[str | None]:
+        return [None if item is None else item.decode() for item in self.tolist()]
+
+    def slice(self, first: int, count: int) -> Blobs:
+        start = int(self.ends[first - 1]) if first else 0
+        stop = int(self.ends[first + count - 1]) if count else start
+        return Blobs(self.data[start:stop], self.lengths[first : first + count])
+
+    @classmethod
+    def concat(cls, columns: Sequence[Blobs]) -> Blobs:
+        return cls(b"".join(column.data for column in columns), np.concatenate([column.lengths for column in columns]))
+
+    def without(self, rows: Sequence[int]) -> Blobs:
+        """These items with ``rows`` made missing (their bytes dropped)."""
+        items = self.tolist()
+        for row in rows:
+            items[row] = None
+        return Blobs.of(items)
+
+    def arrow(self, kind: pa.DataType) -> pa.Array:
+        """As an Arrow column of ``kind`` (binary or string), sharing ``data``."""
+        valid = self.lengths != NONE
+        bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        offsets = np.concatenate(([0], self.ends)).astype(np.int32)
+        return pa.Array.from_buffers(kind, len(self), [bitmap, pa.py_buffer(offsets), pa.py_buffer(self.data)])
+
+
+def pack(numbers: Sequence[np.ndarray], blobs: Sequence[Blobs]) -> list[Any]:
+    """Columns of one length as a message's parts: the row count, each number column, each
+    blob column's lengths, then each blob column's bytes (handed on, never joined here)."""
+    count = len(blobs[0]) if blobs else len(numbers[0])
+    integers = [np.array([count], INTEGERS), *numbers, *(column.lengths for column in blobs)]
+    return [_bytes_of(column) for column in integers] + [column.data for column in blobs]
+
+
+def _bytes_of(column: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(column, INTEGERS).tobytes())
+
+
+def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[np.ndarray], list[Blobs]]:
+    """``pack``'s columns from its joined parts, over ``payload`` (no copy); ValueError if the
+    payload does not hold them exactly."""
+    view = memoryview(payload).cast("B")
+    if len(view) < INTEGERS.itemsize:
+        raise ValueError(f"a packed message of {len(view)} bytes holds no row count")
+    count = int(np.frombuffer(view, INTEGERS, 1)[0])
+    columns = number_columns + blob_columns
+    header = INTEGERS.itemsize * (1 + count * columns)
+    if count < 0 or len(view) < header:
+        raise ValueError(f"a packed message of {len(view)} bytes cannot hold {columns} columns of {count} rows")
+    integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize).reshape(columns, count)
+    numbers = list(integers[:number_columns])
+    blobs, pos = [], header
+    for lengths in integers[number_columns:]:
+        size = int(np.maximum(lengths, 0).sum())
+        if (lengths < NONE).any() or pos + size > len(view):
+            raise ValueError("a packed message's lengths run past its bytes")
+        blobs.append(Blobs(view[pos : pos + size], lengths))
+        pos += size
+    if pos != len(view):
+        raise ValueError(f"a packed message has {len(view) - pos} bytes past its columns")
+    return numbers, blobs
+
+
+@dataclass
+class StreamTasks:
+    """A stream micro-batch's slice of groups: task ``i`` is group ``keys[i]`` (seq
+    ``first + i``), its new points ``data[i]`` (length-prefixed, as Kapacitor sent them), its
+    kept history and state. The packed twin of a stream task table."""
+
+    first: int
+    keys: list[str]
+    data: Blobs
+    histories: Blobs
+    states: Blobs
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.keys)
+
+    def sizes(self) -> np.ndarray:
+        """Each group's bytes of new points."""
+        sizes: np.ndarray = np.maximum(self.data.lengths, 0)
+        return sizes
+
+    def slice(self, first: int, count: int) -> StreamTasks:
+        end = first + count
+        return StreamTasks(self.first + first, self.keys[first:end], self.data.slice(first, count), self.histories.slice(first, count), self.states.slice(first, count))
+
+    def tasks(self) -> list[Task]:
+        """Each group's task, one by one (a UDF called per group, or a group at fault)."""
+        rows = zip(self.keys, self.data.tolist(), self.histories.tolist(), self.states.texts())
+        return [Task(self.first + i, key, data or b"", history, state) for i, (key, data, history, state) in enumerate(rows)]
+
+    def pack(self) -> list[Any]:
+        seq = np.arange(self.first, self.first + len(self), dtype=INTEGERS)
+        return pack([seq], [Blobs.of_texts(self.keys), self.data, self.histories, self.states])
+
+    @classmethod
+    def unpack(cls, payload: Any) -> StreamTasks:
+        (seq,), (keys, data, histories, states) = unpack(payload, 1, 4)
+        texts = keys.texts()
+        if any(key is None for key in texts):
+            raise ValueError("a packed stream task has no group key")
+        return cls(int(seq[0]) if len(seq) else 0, [key or "" for key in texts], data, histories, states)
+
+    def table(self) -> pa.Table:
+        """As a task table (``contract.TASK_SCHEMA``), for an engine that runs Spark jobs."""
+        count = len(self)
+        columns = [
+            pa.array(np.arange(self.first, self.first + count, dtype=np.int64)),
+            pa.array(self.keys, pa.string()),
+            self.data.arrow(pa.binary()),
+            self.histories.arrow(pa.binary()),
+            self.states.arrow(pa.string()),
+            *(pa.nulls(count, TASK_SCHEMA.field(name).type) for name in TASK_SCHEMA.names[5:]),
+        ]
+        return pa.Table.from_arrays(columns, schema=TASK_SCHEMA)
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> StreamTasks:
+        seq = table.column("seq")
+        first = int(seq[0].as_py()) if table.num_rows else 0
+        blobs = (Blobs.of_arrow(table.column(name)) for name in ("data", "history", "state"))
+        return cls(first, table.column("key").to_pylist(), *blobs)
+
+
+@dataclass
+class ResultColumns:
+    """What each task of a micro-batch's slice gave, row for row with its tasks: its output
+    frames (missing: none), new history and state, error, and how many points it emitted. The
+    packed twin of a result table, whatever the edge."""
+
+    output: Blobs
+    histories: Blobs
+    states: Blobs
+    errors: Blobs
+    emitted: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.emitted)
+
+    def pack(self) -> list[Any]:
+        return pack([self.emitted], [self.output, self.histories, self.states, self.errors])
+
+    @classmethod
+    def unpack(cls, payload: Any) -> ResultColumns:
+        (emitted,), (output, histories, states, errors) = unpack(payload, 1, 4)
+        return cls(output, histories, states, errors, emitted)
+
+    @classmethod
+    def concat(cls, parts: Sequence[ResultColumns]) -> ResultColumns:
+        """The results of consecutive slices, one after another."""
+        output, histories, states, errors = (Blobs.concat([getattr(part, name) for part in parts]) for name in ("output", "histories", "states", "errors"))
+        return cls(output, histories, states, errors, np.concatenate([part.emitted for part in parts]))
+
+    @classmethod
+    def of_results(cls, results: Sequence[Result]) -> ResultColumns:
+        return cls(
+            Blobs.of([result.output for result in results]),
+            Blobs.of([result.history for result in results]),
+            Blobs.of_texts([result.state for result in results]),
+            Blobs.of_texts([result.error for result in results]),
+            np.fromiter((result.emitted for result in results), INTEGERS, len(results)),
+        )
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> ResultColumns:
+        output, histories, states, errors = (Blobs.of_arrow(table.column(name)) for name in ("output", "history", "state", "error"))
+        return cls(output, histories, states, errors, table.column("emitted").to_numpy().astype(INTEGERS))
+
+    def table(self, tasks: StreamTasks) -> pa.Table:
+        """As the result table of ``tasks`` (``contract.RESULT_SCHEMA``)."""
+        columns = [
+            pa.array(np.arange(tasks.first, tasks.first + len(tasks), dtype=np.int64)),
+            pa.array(tasks.keys, pa.string()),
+            self.output.arrow(pa.binary()),
+            self.histories.arrow(pa.binary()),
+            self.states.arrow(pa.string()),
+            self.errors.arrow(pa.string()),
+            pa.array(self.emitted, pa.int64()),
+        ]
+        return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
