@@ -12,11 +12,12 @@ another), what its handler wrote as RESULT in the same shape.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from udf_agent.wire.links import HEADER, LENGTH
 
@@ -39,6 +40,28 @@ KEPT_JOBS = 64
 FAILURE_FRAMES = 3
 
 Value = TypeVar("Value")
+
+
+class WorkerAddress(NamedTuple):
+    """Where a resident worker reaches its agent: the agent's port, or on the agent's own
+    host its unix socket (``path``) when the worker can see it."""
+
+    host: str
+    port: int
+    path: str | None = None
+
+    def connect(self) -> socket.socket:
+        """A connection to the agent: its unix socket when it is on this host, else its port."""
+        if self.path is not None and os.path.exists(self.path):
+            local = socket.socket(socket.AF_UNIX)
+            try:
+                local.connect(self.path)
+                return local
+            except OSError:  # another user's, or closed: the port says which
+                local.close()
+        sock = socket.create_connection((self.host, self.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
 
 class JobCache(Generic[Value]):

@@ -17,15 +17,18 @@ import logging
 import math
 import os
 import secrets
+import select
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, receive_message, send_message
+from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, WorkerAddress, receive_message, send_message
 from spark_backend.resident_worker import serve_slot
 from udf_agent.errors import first_line
 
@@ -136,37 +139,48 @@ HELLO_MAX_BYTES = 4096
 
 
 class WorkerDoor:
-    """The port the resident workers connect back to: a connection is greeted only if it
-    names this agent's random token (a worker launched by it), and answered with the token;
-    any other is refused, whatever it sends."""
+    """The port the resident workers connect back to, and beside it a unix socket in a
+    directory only this user may enter: a worker on this host (a local master, or a server
+    here) takes the socket, whose round trip costs half the port's. A connection is greeted
+    only if it names this agent's random token (a worker launched by it), and answered with
+    the token; any other is refused, whatever it sends."""
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(16)
-        self.address: tuple[str, int] | None = None
-        self._listener: socket.socket | None = None
+        self.address: WorkerAddress | None = None
+        self._listeners: list[socket.socket] = []
+        self._local_dir: str | None = None
 
     def open(self, host: str) -> None:
-        self._listener = socket.create_server((host, 0))
-        self.address = (host, self._listener.getsockname()[1])
+        listener = socket.create_server((host, 0))
+        self._listeners = [listener]
+        self._local_dir = tempfile.mkdtemp(prefix="udf-agent-workers-")  # mode 700
+        path = os.path.join(self._local_dir, "door")
+        local = socket.socket(socket.AF_UNIX)
+        local.bind(path)
+        local.listen()
+        self._listeners.append(local)
+        self.address = WorkerAddress(host, listener.getsockname()[1], path)
 
     def close(self) -> None:
-        """Wakes ``greetings``' accept, then closes the port."""
-        listener = self._listener
-        if listener is None:
-            return
-        try:
-            listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        listener.close()
+        """Wakes ``greetings``' wait, then closes the port and the socket."""
+        for listener in self._listeners:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        if self._local_dir is not None:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
 
     def greetings(self) -> Iterator[Greeting]:
         """Each connection that proves it knows the token, until the door is closed."""
-        assert self._listener is not None
+        assert self._listeners
         while True:
             try:
-                sock, _ = self._listener.accept()
-            except OSError:
+                ready, _, _ = select.select(self._listeners, [], [])
+                sock, _ = ready[0].accept()
+            except (OSError, ValueError):
                 return  # closed: the engine stopped
             greeting = self._greet(sock)
             if greeting is not None:
@@ -175,7 +189,8 @@ class WorkerDoor:
     def _greet(self, sock: socket.socket) -> Greeting | None:
         try:
             sock.settimeout(10)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = receive_message(sock, max_length=HELLO_MAX_BYTES)
             if hello is None or hello[0] != HELLO:
                 raise ValueError("no hello")

@@ -28,6 +28,7 @@ from spark_backend.resident_protocol import (
     STREAM_TASKS,
     WELCOME,
     JobCache,
+    WorkerAddress,
     describe_failure,
     handler_outcome_parts,
     read_handler_call,
@@ -46,7 +47,7 @@ MEMORY_CHECK_INTERVAL = 0.05
 OVER_MEMORY_EXIT = 70
 
 
-def serve_slot(address: tuple[str, int], token: str, slot: int, launch: int, memory_limit: int | None, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memory_limit: int | None, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The body of a resident task: computes micro-batches for the agent at ``address``
     as slot ``slot`` of its launch ``launch``, within ``memory_limit`` bytes if given."""
     from udf_agent.wire import pointcodec
@@ -145,15 +146,14 @@ class _MemoryGuard:
                     os._exit(OVER_MEMORY_EXIT)
 
 
-def _join_agent(address: tuple[str, int], token: str, slot: int, launch: int) -> socket.socket | None:
+def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> socket.socket | None:
     """The connection to the agent, past its welcome; None if the agent let this task go
     before it got a core (its listener closed: stopped, released when idle, relaunched)."""
     try:
-        sock = socket.create_connection(address)
+        sock = address.connect()
     except ConnectionRefusedError:
         return None
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid()}).encode())
         welcome = receive_message(sock)
     except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed

@@ -13,7 +13,7 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import ResidentWorkers, _split
-from spark_backend.resident_protocol import HEADER, HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, describe_failure, receive_message, send_message
+from spark_backend.resident_protocol import HEADER, HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, WorkerAddress, describe_failure, receive_message, send_message
 from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
@@ -156,6 +156,9 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
     with spark_engine.resident._cond:
         workers = list(spark_engine.resident._slots.workers())
     assert workers and all(len(worker.jobs) <= KEPT_JOBS for worker in workers)
+    import socket
+
+    assert all(worker.sock.family == socket.AF_UNIX for worker in workers)  # on the agent's host: its unix socket
 
 
 def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):
@@ -234,7 +237,7 @@ def test_idle_workers_end_give_their_core_back_and_the_next_micro_batch_relaunch
         resident.stop()
 
 
-def test_a_worker_whose_agent_no_longer_listens_ends_quietly():
+def test_a_worker_whose_agent_no_longer_listens_ends_quietly(tmp_path):
     """A resident task that gets its core after the agent let its workers go (stopped,
     released, relaunched) finds the listener closed: it ends, serving nothing, no traceback."""
     import socket
@@ -244,14 +247,20 @@ def test_a_worker_whose_agent_no_longer_listens_ends_quietly():
     from spark_backend.resident_worker import serve_slot
 
     with socket.create_server(("127.0.0.1", 0)) as closed:
-        address = closed.getsockname()[:2]
+        address = WorkerAddress(*closed.getsockname()[:2])
     (done,) = serve_slot(address, "token", 1, 1, None, iter([pd.DataFrame({"id": [1]})]))
     assert done.to_dict("records") == [{"slot": 1, "served": 0}]
+    # Its unix socket closed too (the file left behind): the same.
+    path = str(tmp_path / "door")
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(path)
+    (done,) = serve_slot(address._replace(path=path), "token", 2, 1, None, iter([pd.DataFrame({"id": [2]})]))
+    assert done.to_dict("records") == [{"slot": 2, "served": 0}]
     # Accepted, then closed before the welcome: the same.
     with socket.create_server(("127.0.0.1", 0)) as listener:
         closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
         closer.start()
-        (done,) = serve_slot(listener.getsockname()[:2], "token", 0, 1, None, iter([pd.DataFrame({"id": [0]})]))
+        (done,) = serve_slot(WorkerAddress(*listener.getsockname()[:2]), "token", 0, 1, None, iter([pd.DataFrame({"id": [0]})]))
         closer.join(5)
     assert done.to_dict("records") == [{"slot": 0, "served": 0}]
 
@@ -359,26 +368,40 @@ def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeo
         blocker.join(30)
 
 
-def test_the_workers_door_greets_only_connections_that_know_the_token():
-    """Anything on the host can connect to the workers' port: only a worker this agent launched
-    (it was given the token) is greeted, and answered with the token so it knows its agent."""
+@pytest.mark.parametrize("way_in", ["port", "unix socket"])
+def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
+    """Anything on the host can connect to the workers' port (only this user to its unix
+    socket): only a worker this agent launched (it was given the token) is greeted, and
+    answered with the token so it knows its agent."""
     import json
+    import os
     import socket
+    import stat
 
     door = WorkerDoor()
     door.open("127.0.0.1")
-    assert door.address is not None
+    address = door.address
+    assert address is not None and address.path is not None
+    assert stat.S_IMODE(os.stat(os.path.dirname(address.path)).st_mode) == 0o700
     greetings = []
     admitting = threading.Thread(target=lambda: greetings.extend(door.greetings()), daemon=True)
     admitting.start()
 
+    def connect() -> socket.socket:
+        if way_in == "port":
+            return socket.create_connection((address.host, address.port), timeout=10)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.settimeout(10)
+        sock.connect(address.path)
+        return sock
+
     def hello(details: dict | bytes) -> tuple[int, bytearray] | None:
-        with socket.create_connection(door.address, timeout=10) as sock:
+        with connect() as sock:
             send_message(sock, HELLO, details if isinstance(details, bytes) else json.dumps(details).encode())
             return receive_message(sock)
 
     def huge_header() -> tuple[int, bytearray] | None:
-        with socket.create_connection(door.address, timeout=10) as sock:
+        with connect() as sock:
             sock.sendall(HEADER.pack(HELLO, 2**62))  # a length no hello has; nothing after it
             return receive_message(sock)
 
@@ -397,6 +420,7 @@ def test_the_workers_door_greets_only_connections_that_know_the_token():
         admitting.join(10)
     assert not admitting.is_alive()  # closing the door ends the admitting loop
     assert [(g.slot, g.launch, g.pid) for g in greetings] == [(1, 3, 42)]
+    assert not os.path.exists(os.path.dirname(address.path))  # the socket's directory goes with it
 
 
 def test_a_micro_batch_is_split_only_when_its_points_are_worth_it_or_a_share_asks():

@@ -35,25 +35,24 @@ def moving_avg(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     A NaN in the window makes the mean NaN until it leaves the window; so does a point
     without the field, or with a string in it. Never a task failure."""
     import numpy as np
-    import pandas as pd
 
-    from udf_agent.library.frames import numeric_field, places_in_groups
+    from udf_agent.library.frames import float_frame, numeric_field, places_in_groups
 
     options = ctx.options
     size = options["size"]
     values = numeric_field(df, options["field"])
     # Every group at once: each row's place in its group bounds its window.
-    rows = np.arange(len(values))
     assert ctx.group_starts is not None  # a vectorized UDF's call always has it
     place = places_in_groups(ctx.group_starts)
     # Each window is summed on its own, oldest value first, never as a running sum:
     # a point's result cannot depend on what came before its window, so it is the
-    # same whatever the micro-batch boundaries.
+    # same whatever the micro-batch boundaries. Row r adds the value `lag` rows back
+    # when that row is in its group (adding 0.0 instead changes no sum).
     sums = np.zeros(len(values))
-    for lag in range(size - 1, -1, -1):
-        inside = place >= lag
-        sums[inside] += values[rows[inside] - lag]
-    return pd.DataFrame({options["as"]: sums / np.minimum(place + 1, size)}, index=df.index)
+    for lag in range(min(size, len(values)) - 1, 0, -1):
+        sums[lag:] += np.where(place[lag:] >= lag, values[:-lag], 0.0)
+    sums += values
+    return float_frame(df, options["as"], sums / np.minimum(place + 1, size))
 
 
 @batch_udf(
