@@ -116,6 +116,18 @@ def test_spark_and_pandas_give_identical_results(any_spark_engine):
         assert sum(len(decode(o)) for o in on_spark["output"]) == len(points)
 
 
+def test_a_packed_stream_slice_gives_the_same_results_on_every_engine(any_spark_engine):
+    """A stream micro-batch reaches an engine packed: the resident workers read it as it is, a
+    Spark job from its task table; either way the results are the in-process engine's."""
+    from udf_agent.compute.packed import StreamTasks
+
+    tasks = StreamTasks.of_table(stream_tasks(rich_points(60)))
+    for job in (Job(moving_avg, {"field": "d", "size": 3, "as": "avg"}), Job(sample.counter, {})):
+        on_spark = any_spark_engine.run_stream(job, tasks)
+        assert on_spark.table(tasks).equals(LocalEngine().run_stream(job, tasks).table(tasks))
+        assert on_spark.emitted.sum() == 60
+
+
 def test_passthrough_on_spark_keeps_every_value_and_type(spark_engine):
     points = rich_points()
     results = spark_engine.run(Job(sample.passthrough, {}), stream_tasks(points)).to_pandas()

@@ -98,9 +98,10 @@ def test_a_packed_message_cut_anywhere_or_with_bytes_past_its_columns_is_refused
         unpack(whole + b"\x00", 1, 4)
     with pytest.raises(ValueError, match="cannot hold"):
         unpack(np.array([-1], "<i8").tobytes(), 1, 4)
-    broken = dataclasses.replace(_tasks(), histories=Blobs(b"", np.array([-2, 0, 0])))
-    with pytest.raises(ValueError, match="lengths run past"):
-        StreamTasks.unpack(_joined(broken.pack()))
+    for lengths in ([-2, 0, 0], [2**62, 2**62, 2**62]):  # no length, or lengths whose sum wraps around
+        broken = dataclasses.replace(_tasks(), histories=Blobs(b"", np.array(lengths)))
+        with pytest.raises(ValueError, match="lengths run past"):
+            StreamTasks.unpack(_joined(broken.pack()))
 
 
 def _points(count: int) -> StreamTasks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -13,7 +14,18 @@ from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
 from spark_backend.resident import ResidentWorkers, _split
-from spark_backend.resident_protocol import HEADER, HELLO, KEPT_JOBS, MAX_GATHERED, WELCOME, JobCache, WorkerAddress, describe_failure, receive_message, send_message
+from spark_backend.resident_protocol import (
+    HEADER,
+    HELLO,
+    KEPT_JOBS,
+    MAX_GATHERED,
+    WELCOME,
+    JobCache,
+    WorkerAddress,
+    describe_failure,
+    receive_message,
+    send_message,
+)
 from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
@@ -25,7 +37,6 @@ pytestmark = pytest.mark.spark
 
 
 def test_a_message_of_many_parts_and_megabytes_arrives_whole_over_a_real_socket():
-    import socket
 
     parts = [bytes([n % 251]) * (n % 7 + 1) for n in range(MAX_GATHERED * 2 + 3)] + [b"", os.urandom(4 << 20), bytearray(b"end")]
     ours, theirs = socket.socketpair()
@@ -156,8 +167,6 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
     with spark_engine.resident._cond:
         workers = list(spark_engine.resident._slots.workers())
     assert workers and all(len(worker.jobs) <= KEPT_JOBS for worker in workers)
-    import socket
-
     assert all(worker.sock.family == socket.AF_UNIX for worker in workers)  # on the agent's host: its unix socket
 
 
@@ -240,7 +249,6 @@ def test_idle_workers_end_give_their_core_back_and_the_next_micro_batch_relaunch
 def test_a_worker_whose_agent_no_longer_listens_ends_quietly(tmp_path):
     """A resident task that gets its core after the agent let its workers go (stopped,
     released, relaunched) finds the listener closed: it ends, serving nothing, no traceback."""
-    import socket
 
     import pandas as pd
 
@@ -375,7 +383,6 @@ def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
     answered with the token so it knows its agent."""
     import json
     import os
-    import socket
     import stat
 
     door = WorkerDoor()

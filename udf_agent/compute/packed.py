@@ -27,8 +27,8 @@ NONE = -1  # the length of a missing item
 
 
 class Blobs:
-    """Optional byte strings, item ``i`` being ``data[starts[i]:starts[i] + lengths[i]]``, or
-    None where ``lengths[i]`` is ``NONE``; items lie one after another in ``data``."""
+    """Optional byte strings one after another in ``data``: item ``i`` is the ``lengths[i]``
+    bytes ending at ``ends[i]``, or None where ``lengths[i]`` is ``NONE``."""
 
     __slots__ = ("data", "lengths", "_ends")
 
@@ -140,7 +140,8 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     numbers = list(integers[:number_columns])
     blobs, pos = [], header
     for lengths in integers[number_columns:]:
-        size = int(np.maximum(lengths, 0).sum())
+        # Each length is checked before they are summed: a sum of huge ones would wrap around.
+        size = int(np.maximum(lengths, 0).sum()) if not (lengths > len(view)).any() else len(view) + 1
         if (lengths < NONE).any() or pos + size > len(view):
             raise ValueError("a packed message's lengths run past its bytes")
         blobs.append(Blobs(view[pos : pos + size], lengths))
