@@ -329,3 +329,25 @@ def test_the_path_floor_udf_takes_moving_avgs_init_and_answers_every_point_with_
     results = LocalEngine().run(Job(zeros, dict(bound.raw())), stream_tasks(points)).to_pandas()
     out = [response.point for output in results["output"] for response in decode(output)]
     assert len(out) == len(points) and {point.fieldsDouble["avg"] for point in out} == {0.0}
+
+
+def test_cycle_cpu_reads_every_thread_of_the_agent_and_every_process_below_it():
+    """``cycle_cpu`` divides what ``/proc`` says each thread and process spent: each must be
+    there, under its own name, with the CPU it burnt."""
+    import subprocess
+    import threading
+
+    from benchmarks import cycle_cpu
+
+    burn = "import sys, time\nwhile time.process_time() < 0.2: pass\nprint('burnt', flush=True)\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"
+        taken = cycle_cpu._snapshot(os.getpid())
+        assert f"agent thread {threading.get_native_id()}" in taken
+        (label,) = [name for name in taken if name.endswith(f"({child.pid})")]
+        assert label.startswith(sys.executable[:40]) or "python" in label
+        assert sum(taken[label]) >= 0.1  # /proc counts in ticks: half of what it burnt, at least
+    finally:
+        child.kill()
+        child.wait()
