@@ -137,14 +137,16 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     if count < 0 or len(view) < header:
         raise ValueError(f"a packed message of {len(view)} bytes cannot hold {columns} columns of {count} rows")
     integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize).reshape(columns, count)
-    numbers = list(integers[:number_columns])
+    numbers, lengths = list(integers[:number_columns]), integers[number_columns:]
+    # Each length is checked before any are summed: a sum of huge ones would wrap around.
+    if count and ((lengths < NONE).any() or (lengths > len(view)).any()):
+        raise ValueError("a packed message's lengths run past its bytes")
+    sizes = np.maximum(lengths, 0).sum(axis=1).tolist()
+    if header + sum(sizes) > len(view):
+        raise ValueError("a packed message's lengths run past its bytes")
     blobs, pos = [], header
-    for lengths in integers[number_columns:]:
-        # Each length is checked before they are summed: a sum of huge ones would wrap around.
-        size = int(np.maximum(lengths, 0).sum()) if not (lengths > len(view)).any() else len(view) + 1
-        if (lengths < NONE).any() or pos + size > len(view):
-            raise ValueError("a packed message's lengths run past its bytes")
-        blobs.append(Blobs(view[pos : pos + size], lengths))
+    for column, size in zip(lengths, sizes):
+        blobs.append(Blobs(view[pos : pos + size], column))
         pos += size
     if pos != len(view):
         raise ValueError(f"a packed message has {len(view) - pos} bytes past its columns")
