@@ -18,16 +18,20 @@ import tempfile
 import time
 
 
-def _echo(sock: socket.socket) -> None:
-    buffer = bytearray(1 << 16)
+def _echo(sock: socket.socket, size: int) -> None:
+    """Answers each whole message of ``size`` bytes with as many (as a worker answers a part)."""
+    buffer = bytearray(size)
     while True:
-        count = sock.recv_into(buffer)
-        if count == 0:
-            return
-        sock.sendall(memoryview(buffer)[:count])
+        received = 0
+        while received < size:
+            count = sock.recv_into(memoryview(buffer)[received:])
+            if count == 0:
+                return
+            received += count
+        sock.sendall(buffer)
 
 
-def _pair(transport: str, directory: str) -> tuple[socket.socket, int]:
+def _pair(transport: str, directory: str, size: int) -> tuple[socket.socket, int]:
     """A connected socket to a forked echoing process, and that process's pid."""
     if transport == "tcp":
         listener = socket.create_server(("127.0.0.1", 0))
@@ -46,7 +50,7 @@ def _pair(transport: str, directory: str) -> tuple[socket.socket, int]:
             peer.connect(address)
             if family == socket.AF_INET:
                 peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _echo(peer)
+            _echo(peer, size)
         os._exit(0)
     sock, _ = listener.accept()
     listener.close()
@@ -58,8 +62,8 @@ def _pair(transport: str, directory: str) -> tuple[socket.socket, int]:
 def measure(transport: str, messages: int, size: int) -> tuple[float, float, float]:
     """(round trip, send call, sender's CPU per round trip), in microseconds."""
     with tempfile.TemporaryDirectory() as directory:
-        sock, pid = _pair(transport, directory)
-        message, buffer = b"x" * size, bytearray(1 << 16)
+        sock, pid = _pair(transport, directory, size)
+        message, buffer = b"x" * size, bytearray(size)
         sending = 0.0
         started, cpu = time.perf_counter(), time.thread_time()
         for _ in range(messages):
@@ -68,7 +72,7 @@ def measure(transport: str, messages: int, size: int) -> tuple[float, float, flo
             sending += time.perf_counter() - before
             received = 0
             while received < size:
-                received += sock.recv_into(buffer)
+                received += sock.recv_into(memoryview(buffer)[received:])
         wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
         sock.close()
         os.waitpid(pid, 0)

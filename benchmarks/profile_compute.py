@@ -1,0 +1,86 @@
+"""cProfile of the agent's compute thread in place: moving_avg on its own Spark fed 1,000
+points/s, one point per write, as ``run.py --cases latency`` feeds it, with every micro-batch's
+``MicroBatchRunner._compute`` profiled inside the agent's process.
+
+    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative]
+
+Prints the run's p50 / p99 and the profile's top functions, and how many micro-batches it
+covers: divide a function's time by them for its cost a micro-batch (under the profiler, which
+inflates Python calls several times). The time in ``recv_into`` is the wait for the resident
+worker. What the profile of the worker's side looks like in a loop: docs/hot-path.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import os
+import pstats
+import sys
+import tempfile
+import threading
+import time
+
+# Inside the agent: how often its profile is written out (the agent is killed at the end).
+DUMP_INTERVAL = 1.0
+
+
+def _profiled_agent(path: str, agent_args: list[str]) -> None:
+    """Runs the agent with ``agent_args``, its compute thread's micro-batches profiled into ``path``."""
+    from udf_agent.entry import main
+    from udf_agent.runtime.runner import MicroBatchRunner
+
+    profile = cProfile.Profile()
+    compute = MicroBatchRunner._compute
+
+    def profiled(self: MicroBatchRunner, batch: object) -> None:
+        profile.enable()
+        try:
+            compute(self, batch)  # type: ignore[arg-type]
+        finally:
+            profile.disable()
+
+    MicroBatchRunner._compute = profiled  # type: ignore[method-assign]
+
+    def dump() -> None:
+        while True:
+            time.sleep(DUMP_INTERVAL)
+            profile.dump_stats(path)
+
+    threading.Thread(target=dump, name="profile-dump", daemon=True).start()
+    sys.argv = ["udf-agent", *agent_args]
+    main()
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--profiled-agent":
+        _profiled_agent(sys.argv[2], sys.argv[3:])
+        return
+    from benchmarks.driver import run_paced
+    from benchmarks.run import ENGINE_READY_LOG, Settings, _with_metrics, ours
+    from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
+    args = parser.parse_args()
+    rate, settings = 1_000.0, Settings()
+    workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "compute.prof")
+        command, metrics_url = _with_metrics(ours("moving_avg", settings))
+        python, _, _, *agent_args = command.argv  # python -m udf_agent ARGS...
+        command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.profile_compute", "--profiled-agent", path, *agent_args])
+        result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG, metrics_url)
+        if result.latency is None or not os.path.exists(path):
+            sys.exit(f"the run failed: {result.status} {result.error or ''}")
+        stats = pstats.Stats(path)
+        calls = next((entry[1] for key, entry in stats.stats.items() if key[2] == "_compute"), 0)  # type: ignore[attr-defined]
+        print(f"p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms; {calls} micro-batches profiled")
+        stats.sort_stats(args.sort).print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
