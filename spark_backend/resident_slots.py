@@ -154,13 +154,23 @@ class WorkerDoor:
     def open(self, host: str) -> None:
         listener = socket.create_server((host, 0))
         self._listeners = [listener]
+        self.address = WorkerAddress(host, listener.getsockname()[1], self._open_local())
+
+    def _open_local(self) -> str | None:
+        """The unix socket's path; None if it cannot be made (a $TMPDIR past the 107 bytes a
+        socket's path may take, say): the workers then all take the port."""
         self._local_dir = tempfile.mkdtemp(prefix="udf-agent-workers-")  # mode 700
         path = os.path.join(self._local_dir, "door")
         local = socket.socket(socket.AF_UNIX)
-        local.bind(path)
-        local.listen()
+        try:
+            local.bind(path)
+            local.listen()
+        except OSError as exc:
+            local.close()
+            log.info("the resident workers connect over TCP only: no unix socket at %s (%s)", path, exc)
+            return None
         self._listeners.append(local)
-        self.address = WorkerAddress(host, listener.getsockname()[1], path)
+        return path
 
     def close(self) -> None:
         """Wakes ``greetings``' wait, then closes the port and the socket."""

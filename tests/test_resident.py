@@ -430,6 +430,24 @@ def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
     assert not os.path.exists(os.path.dirname(address.path))  # the socket's directory goes with it
 
 
+def test_a_door_whose_unix_socket_cannot_be_made_opens_its_port_alone(tmp_path, monkeypatch):
+    """A socket's path may take 107 bytes: under a longer $TMPDIR the workers take the port."""
+    import tempfile
+
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    door = WorkerDoor()
+    door.open("127.0.0.1")
+    try:
+        assert door.address is not None and door.address.path is None
+        with socket.create_connection((door.address.host, door.address.port), timeout=10):
+            pass
+    finally:
+        door.close()
+    assert list(deep.iterdir()) == []  # nothing left behind
+
+
 def test_a_micro_batch_is_split_only_when_its_points_are_worth_it_or_a_share_asks():
     small = stream_tasks(rich_points(40))
     assert _split(small, 2) == [small]  # a few KiB: one part, whatever the workers
