@@ -45,7 +45,7 @@ def test_blobs_read_an_arrow_column_as_it_lies_sliced_chunked_or_with_nulls(kind
 
 
 def _tasks() -> StreamTasks:
-    return StreamTasks(7, ["host=a", "", "host=ü"], Blobs.of([b"\x01x", b"", b"\x02yy"]), Blobs.of([None, b"\x01h", None]), Blobs.of_texts(['{"n":1}', None, None]))
+    return StreamTasks(np.array([7, 8, 9]), ["host=a", "", "host=ü"], Blobs.of([b"\x01x", b"", b"\x02yy"]), Blobs.of([None, b"\x01h", None]), Blobs.of_texts(['{"n":1}', None, None]))
 
 
 def _results() -> ResultColumns:
@@ -60,7 +60,7 @@ def _joined(parts) -> bytes:
 def test_stream_tasks_and_results_come_back_row_for_row_from_their_packed_messages():
     tasks = _tasks()
     again = StreamTasks.unpack(_joined(tasks.pack()))
-    assert (again.first, again.keys) == (7, tasks.keys)
+    assert (again.seq.tolist(), again.keys) == ([7, 8, 9], tasks.keys)
     for name in ("data", "histories", "states"):
         assert getattr(again, name).tolist() == getattr(tasks, name).tolist()
     assert again.tasks() == tasks.tasks() == [Task(7, "host=a", b"\x01x", None, '{"n":1}'), Task(8, "", b"", b"\x01h", None), Task(9, "host=ü", b"\x02yy", None, None)]
@@ -69,7 +69,7 @@ def test_stream_tasks_and_results_come_back_row_for_row_from_their_packed_messag
     assert back.emitted.tolist() == [1, 0, 0]
     assert back.output.tolist() == [b"out", None, b""] and back.histories.tolist() == [b"hist", None, None]
     assert back.states.texts() == [None, '{"s":2}', None] and back.errors.texts() == [None, None, "UDF failed: ü"]
-    empty = StreamTasks.unpack(_joined(StreamTasks(0, [], Blobs.of([]), Blobs.of([]), Blobs.of([])).pack()))
+    empty = StreamTasks.unpack(_joined(StreamTasks(np.zeros(0, np.int64), [], Blobs.of([]), Blobs.of([]), Blobs.of([])).pack()))
     assert len(empty) == 0
 
 
@@ -78,7 +78,7 @@ def test_the_packed_forms_convert_to_and_from_the_contract_tables():
     table = tasks.table()
     assert table.equals(tasks_table(tasks.tasks()))
     from_table = StreamTasks.of_table(table)
-    assert from_table.tasks() == tasks.tasks() and from_table.first == 7
+    assert from_table.tasks() == tasks.tasks() and from_table.seq.tolist() == [7, 8, 9]
     results = _results()
     expected = results_table([Result(7, "host=a", b"out", b"hist", None, None, 1), Result(8, "", None, None, '{"s":2}', None, 0), Result(9, "host=ü", b"", None, None, "UDF failed: ü", 0)])
     assert results.table(tasks).equals(expected)
@@ -125,6 +125,9 @@ def test_compute_stream_is_compute_tasks_in_packed_form(job):
     tasks = _points(12)
     first = compute_stream(job, tasks)
     assert first.table(tasks).equals(compute_tasks(job, tasks.table()))
+    # A Spark job's partition need not hold consecutive tasks: each result keeps its task's seq.
+    scattered = tasks.table().slice(0, 3).set_column(0, "seq", pa.array([5, 2, 9], pa.int64()))
+    assert compute_tasks(job, scattered).column("seq").to_pylist() == [5, 2, 9]
     # The next micro-batch, with the histories the first left.
     later = dataclasses.replace(_points(9), histories=first.histories, states=first.states)
     assert compute_stream(job, later).table(later).equals(compute_tasks(job, later.table()))

@@ -155,11 +155,11 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
 
 @dataclass
 class StreamTasks:
-    """A stream micro-batch's slice of groups: task ``i`` is group ``keys[i]`` (seq
-    ``first + i``), its new points ``data[i]`` (length-prefixed, as Kapacitor sent them), its
-    kept history and state. The packed twin of a stream task table."""
+    """A stream micro-batch's slice of groups: task ``i`` is group ``keys[i]`` (its number in
+    the micro-batch ``seq[i]``), its new points ``data[i]`` (length-prefixed, as Kapacitor sent
+    them), its kept history and state. The packed twin of a stream task table."""
 
-    first: int
+    seq: np.ndarray
     keys: list[str]
     data: Blobs
     histories: Blobs
@@ -179,16 +179,15 @@ class StreamTasks:
 
     def slice(self, first: int, count: int) -> StreamTasks:
         end = first + count
-        return StreamTasks(self.first + first, self.keys[first:end], self.data.slice(first, count), self.histories.slice(first, count), self.states.slice(first, count))
+        return StreamTasks(self.seq[first:end], self.keys[first:end], self.data.slice(first, count), self.histories.slice(first, count), self.states.slice(first, count))
 
     def tasks(self) -> list[Task]:
         """Each group's task, one by one (a UDF called per group, or a group at fault)."""
         rows = zip(self.keys, self.data.tolist(), self.histories.tolist(), self.states.texts())
-        return [Task(self.first + i, key, data or b"", history, state) for i, (key, data, history, state) in enumerate(rows)]
+        return [Task(seq, key, data or b"", history, state) for seq, (key, data, history, state) in zip(self.seq.tolist(), rows)]
 
     def pack(self) -> list[Any]:
-        seq = np.arange(self.first, self.first + len(self), dtype=INTEGERS)
-        return pack([seq], [Blobs.of_texts(self.keys), self.data, self.histories, self.states])
+        return pack([self.seq], [Blobs.of_texts(self.keys), self.data, self.histories, self.states])
 
     @classmethod
     def unpack(cls, payload: Any) -> StreamTasks:
@@ -196,13 +195,13 @@ class StreamTasks:
         texts = keys.texts()
         if any(key is None for key in texts):
             raise ValueError("a packed stream task has no group key")
-        return cls(int(seq[0]) if len(seq) else 0, [key or "" for key in texts], data, histories, states)
+        return cls(seq, [key or "" for key in texts], data, histories, states)
 
     def table(self) -> pa.Table:
         """As a task table (``contract.TASK_SCHEMA``), for an engine that runs Spark jobs."""
         count = len(self)
         columns = [
-            pa.array(np.arange(self.first, self.first + count, dtype=np.int64)),
+            pa.array(self.seq, pa.int64()),
             pa.array(self.keys, pa.string()),
             self.data.arrow(pa.binary()),
             self.histories.arrow(pa.binary()),
@@ -213,10 +212,9 @@ class StreamTasks:
 
     @classmethod
     def of_table(cls, table: pa.Table) -> StreamTasks:
-        seq = table.column("seq")
-        first = int(seq[0].as_py()) if table.num_rows else 0
+        seq = table.column("seq").to_numpy().astype(INTEGERS)
         blobs = (Blobs.of_arrow(table.column(name)) for name in ("data", "history", "state"))
-        return cls(first, table.column("key").to_pylist(), *blobs)
+        return cls(seq, table.column("key").to_pylist(), *blobs)
 
 
 @dataclass
@@ -266,7 +264,7 @@ class ResultColumns:
     def table(self, tasks: StreamTasks) -> pa.Table:
         """As the result table of ``tasks`` (``contract.RESULT_SCHEMA``)."""
         columns = [
-            pa.array(np.arange(tasks.first, tasks.first + len(tasks), dtype=np.int64)),
+            pa.array(tasks.seq, pa.int64()),
             pa.array(tasks.keys, pa.string()),
             self.output.arrow(pa.binary()),
             self.histories.arrow(pa.binary()),

@@ -78,7 +78,7 @@ class StreamTaskTables:
             kept = [self._store.get(key) for key in keys]
             histories = Blobs.of([history for history, _ in kept])
             states = Blobs.of_texts([state for _, state in kept])
-            yield StreamTasks(first, keys, data.slice(first, count), histories, states)
+            yield StreamTasks(np.arange(first, first + count), keys, data.slice(first, count), histories, states)
 
     def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
         assert isinstance(tasks, StreamTasks)
@@ -95,7 +95,7 @@ class StreamTaskTables:
 
     def points_in(self, tasks: Tasks, rows: Sequence[int]) -> list[int]:
         assert isinstance(tasks, StreamTasks)
-        return [int(self.arrival.counts[tasks.first + row]) for row in rows]
+        return [int(self.arrival.counts[tasks.seq[row]]) for row in rows]
 
 
 class BatchTaskTables:
