@@ -257,16 +257,12 @@ def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     """Consecutive runs of tasks with about the same bytes of points: one per worker used
     (when the points are worth splitting), and at least ``at_least`` (so that a slow
     task's micro-batch lets other tasks' parts run between its own)."""
-    if at_least <= 1 and (workers <= 1 or _points_bytes(tasks) < 2 * SPLIT_BYTES):
-        return [tasks]  # under 2 * SPLIT_BYTES of points: never worth splitting
     import numpy as np
-    import pyarrow.compute as pc
 
-    if isinstance(tasks, StreamTasks):
-        sizes = np.cumsum(tasks.sizes())
-    else:
-        sizes = np.cumsum(pc.binary_length(tasks.column("data")).to_numpy(zero_copy_only=False)) if tasks.num_rows else np.zeros(0)
+    sizes = np.cumsum(_points_bytes(tasks))
     total = int(sizes[-1]) if len(sizes) else 0
+    if at_least <= 1 and (workers <= 1 or total < 2 * SPLIT_BYTES):
+        return [tasks]  # under 2 * SPLIT_BYTES of points: never worth splitting
     parts = max(1, min(workers, tasks.num_rows, total // SPLIT_BYTES), min(at_least, tasks.num_rows))
     if parts == 1:
         return [tasks]
@@ -275,7 +271,10 @@ def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     return [tasks.slice(a, b - a) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def _points_bytes(tasks: Tasks) -> int:
+def _points_bytes(tasks: Tasks) -> Any:
+    """Each task's bytes of points."""
     if isinstance(tasks, StreamTasks):
-        return int(tasks.sizes().sum())
-    return int(tasks.column("data").nbytes)
+        return tasks.sizes()
+    import pyarrow.compute as pc
+
+    return pc.binary_length(tasks.column("data")).fill_null(0).to_numpy(zero_copy_only=False)

@@ -64,16 +64,20 @@ def user_frame(points: DecodedPoints) -> tuple[pd.DataFrame, Layout]:
     # Arrays that already have their final dtypes, no copies: pandas' checks of each column
     # cost more than most UDFs on a small micro-batch.
     index = pd.RangeIndex(points.num_rows, name=INPUT_ROW)
-    frame = pd.DataFrame._from_arrays(list(columns.values()), columns=_column_index(tuple(columns)).view(), index=index, verify_integrity=False)
+    frame = pd.DataFrame._from_arrays(list(columns.values()), columns=column_index(tuple(columns)), index=index, verify_integrity=False)
     return frame, layout
+
+
+def column_index(names: tuple[str, ...]) -> pd.Index:
+    """A frame's column Index, of one kept per set of names: a new one costs 20 µs, and its
+    first lookup as much again (a view shares the lookup table; each frame gets its own view,
+    so renaming one renames no other). Its names are read-only: a UDF writing into
+    ``df.columns.values`` would otherwise rename the columns of every later frame."""
+    return _column_index(names).view()
 
 
 @lru_cache(maxsize=256)
 def _column_index(names: tuple[str, ...]) -> pd.Index:
-    """One Index per set of column names: a new one costs 20 µs, and its first lookup as much
-    again (a view shares the lookup table; each frame gets its own view, so renaming one
-    renames no other). Its names are read-only: a UDF writing into ``df.columns.values``
-    would otherwise rename the columns of every later frame."""
     values = np.array(names, dtype=object)
     values.flags.writeable = False
     return pd.Index(values, dtype=object, copy=False)

@@ -199,16 +199,9 @@ class StreamTasks:
 
     def table(self) -> pa.Table:
         """As a task table (``contract.TASK_SCHEMA``), for an engine that runs Spark jobs."""
-        count = len(self)
-        columns = [
-            pa.array(self.seq, pa.int64()),
-            pa.array(self.keys, pa.string()),
-            self.data.arrow(pa.binary()),
-            self.histories.arrow(pa.binary()),
-            self.states.arrow(pa.string()),
-            *(pa.nulls(count, TASK_SCHEMA.field(name).type) for name in TASK_SCHEMA.names[5:]),
-        ]
-        return pa.Table.from_arrays(columns, schema=TASK_SCHEMA)
+        blobs = [self.data, self.histories, self.states]
+        columns = _arrow_columns(self, TASK_SCHEMA, blobs)
+        return pa.Table.from_arrays(columns + [pa.nulls(len(self), kind) for kind in TASK_SCHEMA.types[len(columns) :]], schema=TASK_SCHEMA)
 
     @classmethod
     def of_table(cls, table: pa.Table) -> StreamTasks:
@@ -263,13 +256,12 @@ class ResultColumns:
 
     def table(self, tasks: StreamTasks) -> pa.Table:
         """As the result table of ``tasks`` (``contract.RESULT_SCHEMA``)."""
-        columns = [
-            pa.array(tasks.seq, pa.int64()),
-            pa.array(tasks.keys, pa.string()),
-            self.output.arrow(pa.binary()),
-            self.histories.arrow(pa.binary()),
-            self.states.arrow(pa.string()),
-            self.errors.arrow(pa.string()),
-            pa.array(self.emitted, pa.int64()),
-        ]
-        return pa.Table.from_arrays(columns, schema=RESULT_SCHEMA)
+        columns = _arrow_columns(tasks, RESULT_SCHEMA, [self.output, self.histories, self.states, self.errors])
+        return pa.Table.from_arrays(columns + [pa.array(self.emitted, pa.int64())], schema=RESULT_SCHEMA)
+
+
+def _arrow_columns(tasks: StreamTasks, schema: pa.Schema, blobs: Sequence[Blobs]) -> list[pa.Array]:
+    """A contract table's first columns: each task's seq and key, then ``blobs`` as the
+    schema's next columns' types."""
+    kinds = schema.types[2 : 2 + len(blobs)]
+    return [pa.array(tasks.seq, pa.int64()), pa.array(tasks.keys, pa.string()), *(column.arrow(kind) for column, kind in zip(blobs, kinds))]

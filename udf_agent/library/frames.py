@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
@@ -29,19 +28,14 @@ def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
 def float_frame(df: pd.DataFrame, name: str, values: np.ndarray) -> pd.DataFrame:
     """A frame of one float column, NAME, row for row with DF (a vectorized UDF's result).
 
-    Made from the array as it is, under a column index kept per name: pandas makes and
-    checks a new index from a list of names on every call, several times the cost of the
-    frame itself at a trickle."""
+    Made from the array as it is, under a column index kept per name
+    (``compute.frame.column_index``): pandas makes and checks a new index from a list of
+    names on every call, several times the cost of the frame itself at a trickle."""
     import pandas as pd
 
-    return pd.DataFrame(values.reshape(-1, 1), columns=_column_index(name), index=df.index, copy=False)
+    from udf_agent.compute.frame import column_index
 
-
-@functools.lru_cache(maxsize=256)
-def _column_index(name: str) -> pd.Index:
-    import pandas as pd
-
-    return pd.Index([name], dtype=object)
+    return pd.DataFrame(values.reshape(-1, 1), columns=column_index((name,)), index=df.index, copy=False)
 
 
 def places_in_groups(starts: np.ndarray) -> np.ndarray:
