@@ -120,12 +120,14 @@ class SparkEngine:
         return results
 
     def _run_on_session(self, job: Job, tasks: Tasks, tenant: Tenant | None) -> Results:
-        ship_by_value(job.spec)
         exit_code = self._jvm_exit_code() if self._ready.is_set() else None
         if exit_code is not None:
             # Resident workers may outlive their JVM, but nothing supervises them any more.
             self._replace_dead_jvm(exit_code)
         self.wait_ready()
+        # Once Spark is up: importing pyspark here while the thread starting Spark imports it
+        # can leave this one a partly initialised pyspark.sql (a circular-import error).
+        ship_by_value(job.spec)
         deadline = time.monotonic() + self.settings.batch_timeout
         while True:
             session, resident = self._session, self._resident
