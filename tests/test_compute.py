@@ -2,6 +2,7 @@
 
 import random
 import time
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -342,6 +343,17 @@ def test_a_udf_may_write_into_its_frame_without_touching_what_the_runner_decoded
     assert frame["n"][1] == 42 and frame["n"].isna().tolist() == [True, False, True]
     assert decoded_points.times.tolist() == [10, 21, 30]  # kept histories go by these
     assert user_frame(decoded_points)[0]["v"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_udf_adds_a_column_to_a_frame_of_many_fields_without_a_fragmentation_warning():
+    # A few columns are one block each (no copies); many are stacked, as pandas expects of them.
+    fields = {f"f{i:03d}": float(i) for i in range(150)}
+    data = encode_frame(udf_pb2.Point(time=1, name="m", fieldsDouble=fields))
+    frame, _ = user_frame(decoded_points_of(data, "compiled"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        frame["total"] = frame[list(fields)].sum(axis=1)
+    assert frame["total"][0] == sum(fields.values())
 
 
 def test_a_udf_cannot_rename_the_columns_of_later_frames():

@@ -36,23 +36,16 @@ def moving_avg(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     without the field, or with a string in it. Never a task failure."""
     import numpy as np
 
-    from udf_agent.library.frames import float_frame, numeric_field, places_in_groups
+    from udf_agent.library.frames import float_frame, numeric_field
+    from udf_agent.library.windows import window_means
 
     options = ctx.options
-    size = options["size"]
-    values = numeric_field(df, options["field"])
-    # Every group at once: each row's place in its group bounds its window.
     assert ctx.group_starts is not None  # a vectorized UDF's call always has it
-    place = places_in_groups(ctx.group_starts)
-    # Each window is summed on its own, oldest value first, never as a running sum:
-    # a point's result cannot depend on what came before its window, so it is the
-    # same whatever the micro-batch boundaries. Row r adds the value `lag` rows back
-    # when that row is in its group (adding 0.0 instead changes no sum).
-    sums = np.zeros(len(values))
-    for lag in range(min(size, len(values)) - 1, 0, -1):
-        sums[lag:] += np.where(place[lag:] >= lag, values[:-lag], 0.0)
-    sums += values
-    return float_frame(df, options["as"], sums / np.minimum(place + 1, size))
+    # Every group at once: each row's place in its group bounds its window. One layout of
+    # arrays, so the kernel is compiled for no other.
+    values = np.ascontiguousarray(numeric_field(df, options["field"]), np.float64)
+    means = window_means(values, np.ascontiguousarray(ctx.group_starts, np.int64), options["size"])
+    return float_frame(df, options["as"], means)
 
 
 @batch_udf(
