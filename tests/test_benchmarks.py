@@ -351,3 +351,37 @@ def test_cycle_cpu_reads_every_thread_of_the_agent_and_every_process_below_it():
     finally:
         child.kill()
         child.wait()
+
+
+def test_cycle_stages_times_each_micro_batch_of_an_agent_from_its_first_read_to_its_write():
+    """``cycle_stages`` stamps a real agent (in-process, its engine local) through the methods
+    it wraps: every micro-batch has each stage, in order, and the methods are restored after."""
+    from benchmarks import cycle_stages
+    from udf_agent.compute.engine import LocalEngine
+    from udf_agent.library.builtins import moving_avg
+    from udf_agent.runtime.config import AgentConfig
+    from udf_agent.runtime.engines import Engines
+    from udf_agent.runtime.runner import MicroBatchRunner
+    from udf_agent.testing import InProcessAgent, option
+
+    original = MicroBatchRunner._compute
+    stamps: list[tuple] = []
+    with cycle_stages.stamped(stamps):
+        agent = InProcessAgent(moving_avg, Engines(LocalEngine), AgentConfig(flush_interval=0.01))
+        assert agent.driver.init(option("field", "v"), option("size", 3)).success
+        started = time.monotonic()
+        for number in range(20):
+            agent.driver.point(time=number, name="m", group=f"g{number % 3}", fieldsDouble={"v": float(number)})
+            time.sleep(0.02)  # a micro-batch each, or nearly
+        agent.driver.responses.wait_for("point", 20, timeout=60)
+        assert agent.finish() == 0
+    assert MicroBatchRunner._compute is original
+    found = cycle_stages.stages(stamps, started)
+    batches = len(found["engine"])
+    assert batches >= 5, found
+    assert all(len(found[stage]) == batches for stage in ("queued", "prepare", "output"))
+    assert len(found["gap"]) == len(found["cycle"]) >= batches - 1
+    assert len(found["writer"]) >= batches - 1  # the last write may be the agent's end
+    assert all(value >= 0 for values in found.values() for value in values)
+    assert all(cycle >= engine for cycle, engine in zip(found["cycle"], found["engine"][-len(found["cycle"]):]))
+    assert "| engine |" in cycle_stages.table(found)

@@ -1,0 +1,184 @@
+"""Where a point's wait goes at a trickle: each micro-batch's cycle through the agent cut into
+its stages, timed in place while moving_avg on its own Spark takes 1,000 points/s, one point
+per write, as ``run.py --cases latency`` feeds it.
+
+    python -m benchmarks.cycle_stages [--udf moving_avg] [--seconds 10] [--repeat 1]
+
+The agent runs with its reads, writes, micro-batches and engine calls stamped (monotonic
+clock, a few µs each). For the measured seconds it prints, per micro-batch, p10 / p50 / p90 ms
+of:
+
+- **queued**: from the micro-batch's first point read to the compute thread taking it
+- **gap**: from the compute thread done with one micro-batch to taking the next (the reader
+  left input unread while it computed: the wake-ups and the read in between)
+- **prepare**: grouping and packing, up to the engine's call
+- **engine**: the engine's call, the resident worker's round trip included
+- **output**: from the results in to the output queued for the writer
+- **writer**: from the output queued to the writer's write
+- **cycle**: from one micro-batch done to the next
+
+A point waits about half a cycle for the one under way, then a cycle of its own. cycle_cpu.py
+says what CPU each side spends in a cycle; this says where its time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+# Inside the agent: how often the new stamps are appended to the trace file.
+DUMP_INTERVAL = 0.5
+STAGES = ("queued", "gap", "prepare", "engine", "output", "writer", "cycle")
+
+
+@contextmanager
+def stamped(stamps: list[tuple[Any, ...]]) -> Iterator[None]:
+    """Appends (monotonic time, kind, ...) to ``stamps`` at each read, write, micro-batch start
+    and end, and engine call and answer, of every agent in this process; undone on exit."""
+    from udf_agent.runtime.runner import MicroBatchRunner
+    from udf_agent.runtime.tasks import BatchTaskTables, StreamTaskTables
+    from udf_agent.runtime.transports import FdConnection, SocketConnection
+
+    def stamp(kind: str, *more: Any) -> None:
+        stamps.append((time.monotonic(), kind, *more))
+
+    def around(cls: type, name: str, before: Any, after: Any) -> tuple[type, str, Any]:
+        original = getattr(cls, name)
+
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before(*args)
+            result = original(self, *args, **kwargs)
+            after()
+            return result
+
+        setattr(cls, name, wrapped)
+        return cls, name, original
+
+    def none(*_: Any) -> None:
+        return None
+
+    patched = [
+        *(around(cls, "read_into", none, lambda: stamp("read")) for cls in (FdConnection, SocketConnection)),
+        *(around(cls, "write", lambda *_: stamp("write"), none) for cls in (FdConnection, SocketConnection)),
+        around(MicroBatchRunner, "_compute", lambda batch: stamp("start", batch.opened_at), lambda: stamp("end")),
+        *(around(cls, "run", lambda *_: stamp("ask"), lambda: stamp("answer")) for cls in (StreamTaskTables, BatchTaskTables)),
+    ]
+    try:
+        yield
+    finally:
+        for cls, name, original in patched:
+            setattr(cls, name, original)
+
+
+def stages(stamps: list[tuple[Any, ...]], since: float) -> dict[str, list[float]]:
+    """Each stage's seconds, one per micro-batch that started at ``since`` or later (the first
+    such one has no gap or cycle: they reach back to the one before)."""
+    found: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    last_end: float | None = None
+    batch: dict[str, float] = {}
+    pending_write: float | None = None  # a micro-batch's end, until the write after it
+    for at, kind, *more in stamps:
+        if kind == "write" and pending_write is not None:
+            found["writer"].append(at - pending_write)
+            pending_write = None
+        elif kind == "start":
+            batch = {"start": at, "opened": more[0]}
+        elif kind in ("ask", "answer") and batch:
+            batch.setdefault(kind, at)  # a micro-batch in several slices: its first call, its first answer
+            if kind == "answer":
+                batch["answered"] = at
+        elif kind == "end" and batch:
+            if batch["start"] >= since and "ask" in batch:
+                found["queued"].append(batch["start"] - batch["opened"])
+                found["prepare"].append(batch["ask"] - batch["start"])
+                found["engine"].append(batch["answered"] - batch["ask"])
+                found["output"].append(at - batch["answered"])
+                if last_end is not None:
+                    found["gap"].append(batch["start"] - last_end)
+                    found["cycle"].append(at - last_end)
+                pending_write = at
+            last_end, batch = at, {}
+    return found
+
+
+def table(found: dict[str, list[float]]) -> str:
+    lines = ["| stage | p10 ms | p50 ms | p90 ms | micro-batches |", "| --- | ---: | ---: | ---: | ---: |"]
+    for stage in STAGES:
+        values = np.asarray(found[stage]) * 1e3
+        if len(values):
+            p10, p50, p90 = np.percentile(values, [10, 50, 90])
+            lines.append(f"| {stage} | {p10:.3f} | {p50:.3f} | {p90:.3f} | {len(values)} |")
+    return "\n".join(lines)
+
+
+def _stamped_agent(path: str, agent_args: list[str]) -> None:
+    """Runs the agent with ``agent_args``, its stamps appended to ``path`` as JSON lines."""
+    from udf_agent.entry import main
+
+    stamps: list[tuple[Any, ...]] = []
+
+    def dump() -> None:
+        written = 0
+        while True:
+            time.sleep(DUMP_INTERVAL)
+            count = len(stamps)
+            with open(path, "a") as out:
+                out.writelines(json.dumps(entry) + "\n" for entry in stamps[written:count])
+            written = count
+
+    threading.Thread(target=dump, name="stamps-dump", daemon=True).start()
+    sys.argv = ["udf-agent", *agent_args]
+    with stamped(stamps):
+        main()
+
+
+def read_stamps(path: str) -> list[tuple[Any, ...]]:
+    with open(path) as lines:
+        return [tuple(json.loads(line)) for line in lines]
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--stamped-agent":
+        _stamped_agent(sys.argv[2], sys.argv[3:])
+        return
+    from benchmarks.driver import run_paced
+    from benchmarks.run import ENGINE_READY_LOG, Settings, ours
+    from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--udf", default="moving_avg")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    rate, settings = 1_000.0, Settings()
+    workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
+    for run in range(args.repeat):
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "stamps.jsonl")
+            command = ours(args.udf, settings)
+            python, _, _, *agent_args = command.argv  # python -m udf_agent ARGS...
+            command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.cycle_stages", "--stamped-agent", path, *agent_args])
+            result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG)
+            if result.latency is None or not os.path.exists(path):
+                sys.exit(f"the run failed: {result.status} {result.error or ''}")
+            time.sleep(2 * DUMP_INTERVAL)  # the agent's last stamps
+            stamps = read_stamps(path)
+        # The measured points are the last ones: their seconds, back from the last stamp.
+        found = stages(stamps, stamps[-1][0] - args.seconds)
+        print(f"run {run + 1}: p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms")
+        print(table(found))
+
+
+if __name__ == "__main__":
+    main()
