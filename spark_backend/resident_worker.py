@@ -39,6 +39,7 @@ from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
 from udf_agent.compute.packed import StreamTasks
 from udf_agent.compute.run import compute_stream, compute_tasks
+from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.wire.columns import message_table, table_message
 
 # While a part computes, the worker's resident memory is looked at this often.
@@ -55,6 +56,9 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
     for _ in frames:  # the one row Spark gives the task says nothing the arguments don't
         pass
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
+    # A full collection would walk all of pandas, pyarrow, numba and PySpark: ~70 ms every few
+    # thousand micro-batches, a stall of every point waiting on this worker (runtime.collector).
+    freeze_startup_objects("resident worker ready")
     served = 0
     sock = _join_agent(address, token, slot, launch)
     if sock is None:
@@ -93,6 +97,8 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
                 if guard is not None:
                     guard.computing.clear()
                 send_message(sock, answer, *content)
+            if not served:  # what the first micro-batch imported and built lives as long
+                freeze_startup_objects("resident worker's first micro-batch")
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
 

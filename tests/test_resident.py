@@ -95,6 +95,17 @@ def test_a_micro_batch_split_across_workers_equals_the_local_result(spark_engine
     assert list(on_spark["history"]) == list(local["history"])
 
 
+def test_a_resident_workers_full_collections_walk_only_what_came_after_its_start(spark_engine):
+    # Else a full collection walks pandas, pyarrow, numba and PySpark: ~70 ms in place, a
+    # stall of every point waiting on the worker, every few thousand micro-batches.
+    job = Job(sample.collector_sight, {})
+    for _ in range(2):  # the first micro-batch's imports are put out of sight after it
+        results = spark_engine.run(job, stream_tasks(rich_points(3))).to_pandas()
+    assert results["error"].isna().all(), results["error"].dropna().tolist()
+    (point, *_) = [response.point for output in results["output"] for response in decode(output)]
+    assert point.fieldsDouble["frozen"] > 5 * point.fieldsDouble["tracked"], point.fieldsDouble
+
+
 def test_a_killed_worker_is_replaced_and_the_micro_batch_computed_once(spark_engine):
     resident = spark_engine.resident
     launches, victims = resident.launches, resident.worker_pids()

@@ -208,3 +208,12 @@ def hoards(df, ctx):
     hoard = []
     while True:
         hoard.append(b"\x01" * (ctx.options["chunk_mb"] << 20))
+
+
+@stream_udf()
+def collector_sight(df, ctx):
+    """Each point with what a full garbage collection would walk where it is computed
+    ("tracked") and what it would not ("frozen")."""
+    import gc
+
+    return df.assign(tracked=float(len(gc.get_objects())), frozen=float(gc.get_freeze_count()))

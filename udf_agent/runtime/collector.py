@@ -25,7 +25,7 @@ _lock = threading.Lock()
 
 def freeze_startup_objects(moment: str) -> None:
     """Hides every object alive now from the collector, the first time ``moment`` is reached
-    in this process (e.g. "hot path loaded", "Spark ready")."""
+    in this process (e.g. "hot path loaded", "Spark ready"; a resident worker's "ready")."""
     with _lock:
         if moment in _frozen:
             return
