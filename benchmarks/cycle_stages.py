@@ -2,7 +2,7 @@
 its stages, timed in place while moving_avg on its own Spark takes 1,000 points/s, one point
 per write, as ``run.py --cases latency`` feeds it.
 
-    python -m benchmarks.cycle_stages [--udf moving_avg] [--seconds 10] [--repeat 1]
+    python -m benchmarks.cycle_stages [--udf moving_avg] [--seconds 10] [--repeat 1] [--deployment own|default]
 
 The agent runs with its reads, writes, micro-batches and engine calls stamped (monotonic
 clock, a few µs each). For the measured seconds it prints, per micro-batch, p10 / p50 / p90 ms
@@ -19,6 +19,10 @@ of:
 
 A point waits about half a cycle for the one under way, then a cycle of its own. cycle_cpu.py
 says what CPU each side spends in a cycle; this says where its time goes.
+
+``--deployment default`` times the shared server's side of a relayed task instead: the server a
+warm-up task started is replaced by the same command under the stamps, warmed again, and the
+tasks relay to it as Kapacitor's would (the relay's own hops are in the p50 and p99 only).
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -148,36 +153,74 @@ def read_stamps(path: str) -> list[tuple[Any, ...]]:
         return [tuple(json.loads(line)) for line in lines]
 
 
+def _stamped_shared_server(directory: str, path: str) -> None:
+    """Replaces the shared server running in ``directory`` with the same command under the
+    stamps (written to ``path``), logging where it logged."""
+    from benchmarks.shared_deployment import REPO, kill_shared_servers
+    from udf_agent.serve.shared import shared_server_pids
+
+    (pid,) = shared_server_pids(directory)
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        argv = [arg.decode() for arg in cmdline.read().split(b"\0")[:-1]]
+    kill_shared_servers(directory)
+    (log_name,) = [name for name in os.listdir(directory) if name.endswith(".log")]
+    server_args = argv[argv.index("shared-server") :]
+    log_path = os.path.join(directory, log_name)
+    with open(log_path, "wb") as log:  # emptied: the next warm-up waits for its engine
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.cycle_stages", "--stamped-agent", path, *server_args],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+        )
+    # Listening before a task looks for it: else the task's relay starts a server of its own.
+    deadline = time.monotonic() + 120
+    while "listening on" not in open(log_path, errors="replace").read():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the stamped shared server never listened")
+        time.sleep(0.1)
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--stamped-agent":
         _stamped_agent(sys.argv[2], sys.argv[3:])
         return
     from benchmarks.driver import run_paced
-    from benchmarks.run import ENGINE_READY_LOG, Settings, ours
+    from benchmarks.run import ENGINE_READY_LOG, Settings, ours, shared
+    from benchmarks.shared_deployment import shared_directory, warm_shared_server
     from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--udf", default="moving_avg")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--deployment", choices=["own", "default"], default="own", help="own Spark (default), or relayed to a shared server")
     args = parser.parse_args()
     rate, settings = 1_000.0, Settings()
     workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
-    for run in range(args.repeat):
-        with tempfile.TemporaryDirectory() as directory:
-            path = os.path.join(directory, "stamps.jsonl")
+    init = init_frame(MOVING_AVG_OPTIONS)
+    with ExitStack() as stack:
+        directory = stack.enter_context(tempfile.TemporaryDirectory())
+        path = os.path.join(directory, "stamps.jsonl")
+        if args.deployment == "default":
+            shared_dir = stack.enter_context(shared_directory("cycle-stages-"))
+            warm_shared_server(args.udf, shared_dir, init)
+            _stamped_shared_server(shared_dir, path)
+            warm_shared_server(args.udf, shared_dir, init)
+            command, warm_log = shared(args.udf, shared_dir), None
+        else:
             command = ours(args.udf, settings)
             python, _, _, *agent_args = command.argv  # python -m udf_agent ARGS...
             command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.cycle_stages", "--stamped-agent", path, *agent_args])
-            result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG)
+            warm_log = ENGINE_READY_LOG
+        for run in range(args.repeat):
+            result = run_paced(command, init, workload, rate, args.seconds, 1.0, 300, warm_log)
             if result.latency is None or not os.path.exists(path):
-                sys.exit(f"the run failed: {result.status} {result.error or ''}")
-            time.sleep(2 * DUMP_INTERVAL)  # the agent's last stamps
+                sys.exit(f"the run failed: {result.status} {result.error or ''}{'' if os.path.exists(path) else '(no stamps)'}")
+            time.sleep(2 * DUMP_INTERVAL)  # the last stamps
             stamps = read_stamps(path)
-        # The measured points are the last ones: their seconds, back from the last stamp.
-        found = stages(stamps, stamps[-1][0] - args.seconds)
-        print(f"run {run + 1}: p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms")
-        print(table(found))
+            # The measured points are the last ones: their seconds, back from the last stamp.
+            found = stages(stamps, stamps[-1][0] - args.seconds)
+            print(f"run {run + 1} ({args.deployment}): p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms")
+            print(table(found))
 
 
 if __name__ == "__main__":
