@@ -13,8 +13,8 @@ of:
   left input unread while it computed: the wake-ups and the read in between)
 - **prepare**: grouping and packing, up to the engine's call
 - **engine**: the engine's call, the resident worker's round trip included
-- **output**: from the results in to the output queued for the writer
-- **writer**: from the output queued to the writer's write
+- **output**: from the results in to the compute thread done with the micro-batch
+- **written**: from the results in to the output's write (by the writer thread)
 - **cycle**: from one micro-batch done to the next
 
 A point waits about half a cycle for the one under way, then a cycle of its own. cycle_cpu.py
@@ -44,7 +44,7 @@ import numpy as np
 
 # Inside the agent: how often the new stamps are appended to the trace file.
 DUMP_INTERVAL = 0.5
-STAGES = ("queued", "gap", "prepare", "engine", "output", "writer", "cycle")
+STAGES = ("queued", "gap", "prepare", "engine", "output", "written", "cycle")
 
 
 @contextmanager
@@ -92,27 +92,35 @@ def stages(stamps: list[tuple[Any, ...]], since: float) -> dict[str, list[float]
     found: dict[str, list[float]] = {stage: [] for stage in STAGES}
     last_end: float | None = None
     batch: dict[str, float] = {}
-    pending_write: float | None = None  # a micro-batch's end, until the write after it
+    # The last results in whose output is not written yet, and whether its micro-batch counts
+    # (None while it computes): the write may come before or after the micro-batch's end.
+    answered: float | None = None
+    counted: bool | None = None
     for at, kind, *more in stamps:
-        if kind == "write" and pending_write is not None:
-            found["writer"].append(at - pending_write)
-            pending_write = None
+        if kind == "write" and answered is not None:
+            if counted is None:
+                batch["written"] = at - answered
+            elif counted:
+                found["written"].append(at - answered)
+            answered = None
         elif kind == "start":
-            batch = {"start": at, "opened": more[0]}
+            batch, counted = {"start": at, "opened": more[0]}, None
         elif kind in ("ask", "answer") and batch:
-            batch.setdefault(kind, at)  # a micro-batch in several slices: its first call, its first answer
+            batch.setdefault(kind, at)  # a micro-batch in several slices: its first call...
             if kind == "answer":
-                batch["answered"] = at
+                batch["answered"] = answered = at  # ... and its last answer
         elif kind == "end" and batch:
-            if batch["start"] >= since and "ask" in batch:
+            counted = batch["start"] >= since and "ask" in batch
+            if counted:
                 found["queued"].append(batch["start"] - batch["opened"])
                 found["prepare"].append(batch["ask"] - batch["start"])
                 found["engine"].append(batch["answered"] - batch["ask"])
                 found["output"].append(at - batch["answered"])
+                if "written" in batch:
+                    found["written"].append(batch["written"])
                 if last_end is not None:
                     found["gap"].append(batch["start"] - last_end)
                     found["cycle"].append(at - last_end)
-                pending_write = at
             last_end, batch = at, {}
     return found
 

@@ -381,7 +381,7 @@ def test_cycle_stages_times_each_micro_batch_of_an_agent_from_its_first_read_to_
     assert batches >= 5, found
     assert all(len(found[stage]) == batches for stage in ("queued", "prepare", "output"))
     assert len(found["gap"]) == len(found["cycle"]) >= batches - 1
-    assert len(found["writer"]) >= batches - 1  # the last write may be the agent's end
+    assert len(found["written"]) >= batches - 1  # the last write may be the agent's end
     assert all(value >= 0 for values in found.values() for value in values)
     assert all(cycle >= engine for cycle, engine in zip(found["cycle"], found["engine"][-len(found["cycle"]):]))
     assert "| engine |" in cycle_stages.table(found)
