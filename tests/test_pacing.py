@@ -1,10 +1,8 @@
 """The read pacer: a pause only while input flows in small reads; and the reader, while a
-micro-batch is prepared or its output made, leaves input unread until the compute thread is done
-or with the engine (but answers keepalives)."""
+micro-batch computes, leaves input unread until it is done (but answers keepalives)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -56,11 +54,6 @@ COMPUTE_SECONDS = 0.6
 
 
 @stream_udf()
-def _echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame:
-    return df
-
-
-@stream_udf()
 def _slow_echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     """Echoes its points after a pause: a micro-batch that computes long enough to send more meanwhile."""
     time.sleep(COMPUTE_SECONDS)
@@ -96,54 +89,18 @@ def _point(number: int) -> dict[str, Any]:
     return {"time": number, "name": "cpu", "group": "", "fieldsDouble": {"value": float(number)}}
 
 
-def test_points_that_come_while_the_engine_computes_are_read_as_they_come_into_the_next_micro_batch(monkeypatch):
-    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # a gather would last as long as compute takes
+def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(monkeypatch):
+    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # gather for as long as compute takes
     agent, counted = _agent_computing_its_first_point()
     reads_before = counted.reads
-    for number in range(1, 6):  # five points, each written on its own while the UDF runs
-        agent.driver.point(**_point(number))
-        time.sleep(0.02)
-    # The compute thread only waits for the engine meanwhile: each point is read as it comes,
-    # and the next micro-batch is whole by the time this one is done (no wake-up of the
-    # reader and a read in between).
-    deadline = time.monotonic() + 30
-    while counted.reads - reads_before < 5:
-        assert time.monotonic() < deadline, f"{counted.reads - reads_before} read(s) while the engine computed"
-        time.sleep(0.005)
-    assert agent.agent.stats.micro_batches == 0, "the first micro-batch ended before the points were written"
-    agent.driver.responses.wait_for("point", 6, timeout=60)
-    assert agent.agent.stats.micro_batches == 2  # the second holds all five
-    assert agent.finish() == 0
-
-
-def test_points_that_come_while_a_micro_batchs_output_is_made_are_read_once_it_is_done(monkeypatch):
-    from udf_agent.runtime import output
-
-    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # gather for as long as the output takes
-    making_output = threading.Event()
-    pieces = output.output_pieces
-
-    def slow_pieces(*args: Any) -> Any:
-        making_output.set()
-        time.sleep(COMPUTE_SECONDS)
-        return pieces(*args)
-
-    monkeypatch.setattr(output, "output_pieces", slow_pieces)
-    agent = InProcessAgent(_echo, Engines(LocalEngine), AgentConfig(drain_timeout=60))
-    assert agent.driver.init().success
-    counted = _CountedReads(agent.connection)
-    agent.driver.point(**_point(0))
-    assert making_output.wait(30), "the first micro-batch never made its output"
-    reads_before = counted.reads
-    for number in range(1, 6):
+    for number in range(1, 6):  # five points, each written on its own during the compute
         agent.driver.point(**_point(number))
         time.sleep(0.02)
     agent.driver.responses.wait_for("point", 6, timeout=60)
-    # One read takes what came once the first micro-batch is out (a reader that read each as
-    # it came made five). The reader may already be in a read when the output begins (it
-    # reads freely while the engine computes): then the first point is read alone.
+    # One read takes all five once the first micro-batch is out (a reader that read each as
+    # it came made five); the second micro-batch holds them all.
     assert counted.reads - reads_before <= 2, counted.reads - reads_before
-    assert agent.agent.stats.micro_batches <= 3
+    assert agent.agent.stats.micro_batches == 2
     assert agent.finish() == 0
 
 

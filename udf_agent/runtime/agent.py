@@ -62,7 +62,7 @@ class Agent:
         relayed = Checkpoints(checkpoints, time.monotonic()) if checkpoints is not None else None
         self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, relayed)
         # The compute thread's side: what it owns, no one else touches.
-        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, relayed, self._work)
+        self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, relayed)
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline

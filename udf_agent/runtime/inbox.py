@@ -207,15 +207,11 @@ class Inbox:
             self._work.cond.notify_all()
 
     def _gather_while_computing(self) -> bool:
-        """While a micro-batch is prepared or its output made (or it is queued, or due: the
-        compute thread takes it at once), what comes in would only wait for the next one: it
-        is left unread until the compute thread is free or with the engine (``COMPUTE_GATHER``
-        at most, a keepalive's longest extra wait), then read at once. A point then costs the
-        agent a share of one read a micro-batch, not a read (and a wake-up) of its own, and the
-        reader never contends for the GIL with the compute thread's own work. While the engine
-        computes, the compute thread only waits: what comes in is read as it comes and makes
-        the open micro-batch, which the compute thread takes the moment it is done (not after
-        waking the reader and waiting for its read). Whether the reader waited."""
+        """While a micro-batch is computing (or queued, or due: the compute thread takes it at
+        once), what comes in would only wait for the next one: it is left unread until the
+        compute thread is free (``COMPUTE_GATHER`` at most, a keepalive's longest extra wait),
+        then read at once. A point then costs the agent a share of one read a micro-batch, not
+        a read (and a wake-up) of its own. Whether the reader waited."""
         with self._work.cond:
             if not self._computing_soon():
                 return False
@@ -223,9 +219,8 @@ class Inbox:
         return True
 
     def _computing_soon(self) -> bool:
-        """Whether a micro-batch is computing (but not with its engine), queued or due now, and
-        the task goes on (caller holds the lock)."""
-        if self._stop.is_set() or self.compute_done.is_set() or self._work.engine_busy():
+        """Whether a micro-batch is computing, queued or due now, and the task goes on (caller holds the lock)."""
+        if self._stop.is_set() or self.compute_done.is_set():
             return False
         if self._work.computing():
             return True

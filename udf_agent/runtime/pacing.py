@@ -20,9 +20,8 @@ FLOWING_GAP = 0.0005
 FLOWING_READS = 3
 # A read this big already carried many points: no pause after it.
 SMALL_READ = 16 * 1024
-# While a micro-batch is prepared or its output made, small reads wait for the compute thread
-# to be done or with the engine, this long at most (``Inbox._gather_while_computing``): what a
-# keepalive's answer may wait more.
+# While a micro-batch computes, small reads wait for it to end, this long at most
+# (``Inbox._gather_while_computing``): what a keepalive's answer may wait more.
 COMPUTE_GATHER = 0.005
 
 

@@ -49,14 +49,6 @@ class Replies(Protocol):
     def restored(self, error: str | None) -> list[Event]: ...
 
 
-class EngineWatch(Protocol):
-    """Told when a slice goes to the engine and when its results are in (``WorkQueue``)."""
-
-    def engine_called(self) -> None: ...
-
-    def results_in(self) -> None: ...
-
-
 class UDFError(RuntimeError):
     """A UDF call or a compute job failed: the task cannot go on."""
 
@@ -84,17 +76,13 @@ class MicroBatchRunner:
     """Runs a task's work items, one at a time, on the compute thread; UDFError when the
     task cannot go on."""
 
-    def __init__(
-        self, config: AgentConfig, engines: Engines, writer: Writer, replies: Replies, labels: TaskLabels, stats: TaskStats,
-        checkpoints: Checkpoints | None = None, engine_watch: EngineWatch | None = None,
-    ):
+    def __init__(self, config: AgentConfig, engines: Engines, writer: Writer, replies: Replies, labels: TaskLabels, stats: TaskStats, checkpoints: Checkpoints | None = None):
         self.config = config
         self.engines = engines
         self.writer = writer
         self.replies = replies
         self.labels = labels
         self.checkpoints = checkpoints
-        self.engine_watch = engine_watch  # told when each slice goes to the engine and comes back
         self.groups = GroupStore(config.max_groups)
         self.stats = stats  # the reader counts what comes in, this what goes out
         self.spec: UDFSpec | None = None
@@ -183,9 +171,6 @@ class MicroBatchRunner:
         in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
         for piece in output_pieces(done.frames, counts, in_order_of, kernels):
             self.writer.send(piece)
-        # The writer takes the GIL now: else it waits while the next micro-batch, read while
-        # this one was with its engine, is prepared (0.3-0.7 ms at a trickle).
-        time.sleep(0)
         self.stats.compute_seconds.observe(time.monotonic() - started)  # task tables to output queued
         if done.failure is not None:
             log.error("%s", done.failure)
@@ -224,15 +209,8 @@ class MicroBatchRunner:
         """Runs one slice of tasks and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
         keys = task_tables.keys(tasks)
-        watch = self.engine_watch
         try:
-            if watch is not None:
-                watch.engine_called()
-            try:
-                results = task_tables.run(engine, job, tasks, self.stats)
-            finally:
-                if watch is not None:
-                    watch.results_in()
+            results = task_tables.run(engine, job, tasks, self.stats)
         except Exception as exc:
             if isinstance(exc, EngineStartError):
                 log.error("compute engine failed: %s", exc)

@@ -46,7 +46,6 @@ class WorkQueue:
         self._computing = False  # ... and it is a micro-batch
         self._micro_batches = 0  # queued (a passthrough task may queue many frames to send, none of them)
         self._reader_waits = False  # the reader leaves input unread meanwhile (``reader_waits_while``)
-        self._engine_busy = False  # the micro-batch computing is with its engine (``engine_called``)
         # When the compute thread, waiting for work, looks at the open micro-batch by itself;
         # -inf while it is not waiting.
         self._wakes_at = float("-inf")
@@ -78,24 +77,6 @@ class WorkQueue:
         """Whether a micro-batch is queued or being computed: input read now would wait for the next one."""
         return self._computing or self._micro_batches > 0
 
-    def engine_called(self) -> None:
-        """The micro-batch computing is with its engine: input read until its results are in
-        joins the open micro-batch, which the compute thread takes as soon as it is done, so
-        the reader reads again (the compute thread only waits meanwhile)."""
-        with self.cond:
-            self._engine_busy = True
-            if self._reader_waits:
-                self.cond.notify_all()
-
-    def results_in(self) -> None:
-        """The engine's results are in: the compute thread makes the output, the reader waits again."""
-        with self.cond:
-            self._engine_busy = False
-
-    def engine_busy(self) -> bool:
-        """Whether the micro-batch computing is with its engine (between ``engine_called`` and ``results_in``)."""
-        return self._engine_busy
-
     def reader_waits_while(self, busy: Callable[[], bool], until: float) -> None:
         """The reader's wait while ``busy()``, asked again each time the compute thread is done
         with a micro-batch, until ``until`` (monotonic) at most."""
@@ -119,7 +100,7 @@ class WorkQueue:
         with self.cond:
             if self._computing and self._reader_waits:
                 self.cond.notify_all()  # the input gathered meanwhile is read now
-            self._busy = self._computing = self._engine_busy = False  # the previous item is done
+            self._busy = self._computing = False  # the previous item is done
             while not self._items:
                 if abandoned():
                     return Finish()
