@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import socket
 import threading
@@ -155,7 +156,11 @@ def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(s
     with pytest.raises(WorkerLost) as failure:
         spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks).to_pandas()
     message = str(failure.value)
-    assert "UDF 'dies_outside'" in message and f"{len(tasks)} group(s)" in message and "failed twice" in message
+    assert "UDF 'dies_outside'" in message and "failed twice" in message, message
+    # The groups of the part that failed: all of them, or fewer when the fair shares cut the
+    # micro-batch into parts (a slow earlier test's tenant still counts as active for a while).
+    named = re.search(r"a micro-batch of (\d+) group\(s\)", message)
+    assert named is not None and 1 <= int(named.group(1)) <= len(tasks), message
     assert "was lost" in message or "closed its connection" in message
     # Fresh workers are up for the next micro-batch.
     assert resident.launches == launches + 2
