@@ -14,7 +14,8 @@ of:
 - **prepare**: grouping and packing, up to the engine's call
 - **engine**: the engine's call, the resident worker's round trip included
 - **output**: from the results in to the compute thread done with the micro-batch
-- **written**: from the results in to the output's write (by the writer thread)
+- **written**: from the results in to the output's write (by the compute thread when the
+  writer is idle, else by the writer thread)
 - **cycle**: from one micro-batch done to the next
 
 A point waits about half a cycle for the one under way, then a cycle of its own. cycle_cpu.py
@@ -73,9 +74,24 @@ def stamped(stamps: list[tuple[Any, ...]]) -> Iterator[None]:
     def none(*_: Any) -> None:
         return None
 
+    def written_now(cls: type) -> tuple[type, str, Any]:
+        """``write_now`` stamped as a write when it wrote (the compute thread's own writes)."""
+        original = cls.write_now
+
+        def wrapped(self: Any, data: bytes) -> bool:
+            at = time.monotonic()
+            wrote = original(self, data)
+            if wrote:
+                stamps.append((at, "write"))
+            return wrote
+
+        cls.write_now = wrapped
+        return cls, "write_now", original
+
     patched = [
         *(around(cls, "read_into", none, lambda: stamp("read")) for cls in (FdConnection, SocketConnection)),
         *(around(cls, "write", lambda *_: stamp("write"), none) for cls in (FdConnection, SocketConnection)),
+        *(written_now(cls) for cls in (FdConnection, SocketConnection) if hasattr(cls, "write_now")),
         around(MicroBatchRunner, "_compute", lambda batch: stamp("start", batch.opened_at), lambda: stamp("end")),
         *(around(cls, "run", lambda *_: stamp("ask"), lambda: stamp("answer")) for cls in (StreamTaskTables, BatchTaskTables)),
     ]

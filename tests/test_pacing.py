@@ -61,16 +61,26 @@ def _slow_echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame:
 
 
 class _CountedReads:
-    """The agent's connection, counting its reads."""
+    """The agent's connection, counting its reads that brought input: the reader's (``reads``)
+    and the compute thread's reads ahead (``reads_ahead``)."""
 
     def __init__(self, connection: Any):
         self.reads = 0
+        self.reads_ahead = 0
         self._read_into = connection.read_into
-        connection.read_into = self
+        self._read_ready_into = connection.read_ready_into
+        connection.read_into = self.read_into
+        connection.read_ready_into = self.read_ready_into
 
-    def __call__(self, buffer: memoryview) -> int:
-        self.reads += 1
-        return int(self._read_into(buffer))
+    def read_into(self, buffer: memoryview) -> int:
+        read = int(self._read_into(buffer))
+        self.reads += read > 0
+        return read
+
+    def read_ready_into(self, buffer: memoryview) -> int | None:
+        read = self._read_ready_into(buffer)
+        self.reads_ahead += bool(read)
+        return read
 
 
 def _agent_computing_its_first_point() -> tuple[InProcessAgent, _CountedReads]:
@@ -98,10 +108,26 @@ def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(
         time.sleep(0.02)
     agent.driver.responses.wait_for("point", 6, timeout=60)
     # One read takes all five once the first micro-batch is out (a reader that read each as
-    # it came made five); the second micro-batch holds them all.
-    assert counted.reads - reads_before <= 2, counted.reads - reads_before
+    # it came made five), and the compute thread makes it (``Inbox.read_ahead``): the reader
+    # is not woken for it. The second micro-batch holds them all.
+    assert (counted.reads - reads_before, counted.reads_ahead) == (0, 1)
     assert agent.agent.stats.micro_batches == 2
+    assert [point.time for point in agent.driver.responses.of("point")] == list(range(6))
     assert agent.finish() == 0
+
+
+def test_broken_framing_found_by_a_read_ahead_ends_the_task_after_the_points_before_it(monkeypatch):
+    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # the compute thread reads what comes meanwhile
+    agent, counted = _agent_computing_its_first_point()
+    agent.driver.point(**_point(1))
+    agent.driver.send_raw(b"\x80" * 11)  # a length varint longer than ten bytes
+    errors = agent.driver.responses.wait_for("error", timeout=60)
+    assert "frame 4 starts with a malformed varint length" in errors[0].error
+    assert counted.reads_ahead == 1
+    # Both points accepted before the fault came out, before the error.
+    assert [point.time for point in agent.driver.responses.of("point")] == [0, 1]
+    assert agent.driver.responses.kinds()[-1] == "error"
+    assert agent.finish() == 1
 
 
 def test_a_keepalive_is_answered_while_a_micro_batch_computes():

@@ -213,6 +213,22 @@ def test_a_tasks_log_records_reach_its_relay_while_no_output_flows_and_no_one_el
         assert read_to_the_end(relay) == (point_frames(2), [])
 
 
+def test_output_written_at_once_never_goes_ahead_of_log_records_queued_before_it():
+    ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, relay:
+        link = RelayedConnection(ours)
+        relay.settimeout(10)
+        assert link.write_now(CHUNKS[0])  # nothing queued: one chunk, at once
+        link._queue_log_record(RECORDS[0])  # a record no writer has taken yet
+        assert not link.write_now(CHUNKS[1])  # the record first: the writer's write takes both
+        link.write(CHUNKS[1])
+        link.close_write()
+        received = bytearray()
+        while data := relay.recv(1 << 16):
+            received += data
+    assert bytes(received) == WIRE[1] + WIRE[0] + WIRE[2]
+
+
 def test_a_relay_that_does_not_keep_up_costs_log_records_never_a_wait_and_is_told_how_many(log_routes):
     ours, relay = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, relay:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.wire.frames import FrameSplitter, PointRun, ProtocolError, RequestRun, encode_frame, encode_varint, point_group, request_point
-from udf_agent.wire.scanner import FastFrameSplitter, RequestRunSplitter
+from udf_agent.wire.scanner import POINT, RUN_BYTES, FastFrameSplitter, RequestRunSplitter, _runs, scan
 
 
 def expand(pieces):
@@ -171,6 +172,34 @@ def test_random_streams_agree_with_the_reference():
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
     _, pieces = feed_all(chunks)
     assert expand(pieces) == reference(stream)
+
+
+def _runs_twin(found, run_bytes):
+    """``scanner._runs``'s twin: the numpy calls it replaced."""
+    is_point = found.kind == POINT
+    frame_start = np.concatenate(([0], found.body_end[:-1]))
+    edges = np.flatnonzero((is_point[1:] != is_point[:-1]) | (frame_start[1:] // run_bytes != frame_start[:-1] // run_bytes)) + 1
+    bounds = [0, *edges.tolist(), found.count]
+    points, groups = [], []
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        offset = int(frame_start[first])
+        points.append(np.stack([found.body_start[first:stop] + 2, found.body_end[first:stop]], axis=1) - offset)
+        run_groups = np.stack([found.group_start[first:stop], found.group_end[first:stop]], axis=1)
+        groups.append(np.where(run_groups >= 0, run_groups - offset, -1))
+    return bounds, np.concatenate(points), np.concatenate(groups)
+
+
+@pytest.mark.parametrize("run_bytes", [64, 1000, RUN_BYTES])
+def test_runs_and_offsets_are_their_numpy_twins(run_bytes):
+    stream = sample_stream() * 3 + b"".join(encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=t, name="m", group="g=" + "x" * (t % 50)))) for t in range(400))
+    found = scan(bytearray(stream), 1 << 20, len(stream))
+    edges, points, groups = _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, run_bytes)
+    twin_edges, twin_points, twin_groups = _runs_twin(found, run_bytes)
+    assert edges.tolist() == twin_edges
+    point = found.kind == POINT  # a frame that is no point has no point span to compare
+    assert np.array_equal(points[point], twin_points[point])
+    assert np.array_equal(groups, twin_groups)
+    assert len(twin_edges) > (3 if run_bytes < RUN_BYTES else 2)
 
 
 # ---- a Kapacitor Handler script's session: runs of the requests its handler takes as they came ----

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -181,6 +182,49 @@ def test_the_writer_drops_and_counts_what_the_peer_does_not_read_by_the_deadline
     got = decoder.feed(bytes(received))
     assert [r.keepalive.time for r in got] == list(range(len(got)))
     assert len(got) + writer.unwritten_frames == len(frames)
+    ours.close()
+    theirs.close()
+
+
+def _keepalive_frames(first: int, count: int) -> bytes:
+    return b"".join(encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=i))) for i in range(first, first + count))
+
+
+def test_output_sent_while_the_writer_is_idle_leaves_from_the_sender_and_otherwise_in_order_behind_the_writer():
+    ours, theirs = socket.socketpair()
+    connection = SocketConnection(ours)
+    writer = Writer(connection)
+    written_now: list[tuple[str, bool]] = []
+    write_now = connection.write_now
+
+    def counted(data: bytes) -> bool:
+        wrote = write_now(data)
+        written_now.append((threading.current_thread().name, wrote))
+        return wrote
+
+    connection.write_now = counted  # type: ignore[method-assign]
+    first = _keepalive_frames(0, 3)
+    writer.send_now(first)  # the writer is idle: written by this thread, at once
+    assert written_now == [(threading.current_thread().name, True)]
+    theirs.settimeout(10)
+    assert theirs.recv(1 << 16) == first
+    # More than the peer's socket holds, not read: the writer thread's write waits.
+    backlog = _keepalive_frames(3, 200_000)
+    writer.send(backlog)
+    deadline = time.monotonic() + 10
+    while writer.queued_bytes:  # taken by the writer thread: its write is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    after = _keepalive_frames(200_003, 2)
+    writer.send_now(after)  # queued behind the write under way, not written past it
+    writer.send_now(_keepalive_frames(200_005, 400))  # over ATOMIC_WRITE: always the writer's
+    assert written_now == [(threading.current_thread().name, True)]
+    writer.close()
+    received = bytearray()
+    while chunk := theirs.recv(1 << 20):
+        received += chunk
+    writer.join()
+    assert bytes(received) == backlog + after + _keepalive_frames(200_005, 400)
     ours.close()
     theirs.close()
 

@@ -7,6 +7,10 @@ from typing import Protocol
 
 Deadline = Callable[[], "float | None"]
 
+# The most ``write_now`` writes: a pipe takes a write of up to PIPE_BUF (4096 on Linux) whole
+# or not at all, and a unix socket one that fits a single buffer the same way.
+ATOMIC_WRITE = 4096
+
 
 class WriteTimeout(OSError):
     """Output was not written by the writer's deadline; ``written`` bytes of it were."""
@@ -24,8 +28,17 @@ class Connection(Protocol):
         One buffer reused for every read: a fresh bytes object of the read's size (MBs) costs
         a mapping of memory and its page faults on every read."""
 
+    def read_ready_into(self, buffer: memoryview) -> int | None:
+        """Reads what has come without waiting for more: None if nothing has (or the read
+        side was aborted, or broke: the blocking ``read_into`` reports those), else the
+        bytes read, 0 at end of input."""
+
     def write(self, data: bytes, deadline: Deadline = ...) -> None:
         """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""
+
+    def write_now(self, data: bytes) -> bool:
+        """Writes ``data`` whole, if it is at most ``ATOMIC_WRITE`` bytes and the peer has room
+        for it now; else writes nothing. Whether it wrote."""
 
     def close_write(self) -> None: ...
 

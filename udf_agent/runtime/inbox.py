@@ -73,6 +73,12 @@ class Inbox:
         self._stop = threading.Event()
         self.stop_reason: str | None = None
         self._thread: threading.Thread | None = None
+        # Whoever reads holds the turn: the reader thread, or the compute thread reading
+        # ahead for it (``read_ahead``). It guards the buffer and the session's input side.
+        self._read_turn = threading.Lock()
+        self._buffer = memoryview(bytearray(READ_SIZE))
+        self._read_at = time.monotonic()  # the last read that returned input (under the lock)
+        self._reading_over = False  # the reader has acted on the end of input (under the turn)
 
     def start(self, labels: TaskLabels) -> None:
         """Starts the reader thread (once), its lines labelled with the task's ``labels``;
@@ -114,12 +120,13 @@ class Inbox:
         """Points read and not computed yet (caller holds the lock)."""
         return self._work.points() + self.session.pending_points()
 
-    def dispatch(self, events: list[Event]) -> bool:
+    def dispatch(self, events: list[Event], wake: bool = True) -> bool:
         """Acts on session events (caller holds the lock); False once the session has failed.
 
         Work is queued under the same lock that produced it, whether the reader or the
         compute thread closed it, so micro-batches are computed in order. Nothing here may
-        wait on the writer.
+        wait on the writer. ``wake``: the threads waiting on the lock are told (not when the
+        compute thread itself, the one that would wait for the work, is acting).
         """
         alive = True
         for event in events:
@@ -148,7 +155,7 @@ class Inbox:
                 self._owner.failed(message)
                 self._work.put(Finish(message))
                 alive = False
-        if events:
+        if events and wake:
             self._work.cond.notify_all()
         return alive
 
@@ -169,27 +176,29 @@ class Inbox:
         # ourselves (a stop), or one that broke, is no truncated input.
         peer_ended = False
         pacer = ReadPacer()
-        buffer = memoryview(bytearray(READ_SIZE))
+        buffer = self._buffer
         try:
             while not self._stop.is_set():
-                data = buffer[: self.connection.read_into(buffer)]
-                if not data:
-                    self._end_input()
-                    peer_ended = not self._stop.is_set()
-                    break
-                pause = pacer.after_read(len(data), time.monotonic())
-                # Cut outside the lock: only this thread touches the session's input buffer.
-                session.receive_data(data)
-                while session.frames_waiting:
-                    if not self._act_on_input():
+                with self._read_turn:
+                    if session.failed:  # by what a read ahead took in
                         return
-                if self._checkpoints is not None:
-                    self._checkpoint_if_due(self._checkpoints)
+                    if session.input_broken:  # found by a read ahead
+                        self._act_on_input()
+                        return
+                    data = buffer[: self.connection.read_into(buffer)]
+                    if not data:
+                        self._end_input()
+                        peer_ended = not self._stop.is_set()
+                        break
+                    pause = pacer.after_read(len(data), time.monotonic())
+                    if not self._take_in(data):
+                        return
+                    small = len(data) < SMALL_READ
                 self._wait_for_room()
                 if session.input_broken:
                     self._act_on_input()  # the framing error, after the frames before it
                     return
-                if len(data) < SMALL_READ and self._gather_while_computing():
+                if small and self._gather_while_computing():
                     continue
                 if pause:
                     time.sleep(pause)  # input is flowing in small reads: let it gather
@@ -197,7 +206,10 @@ class Inbox:
             self._end_input()
             if not self._stop.is_set():
                 log.error("cannot read from Kapacitor: %s", exc)
-        with self._work.cond:
+        with self._read_turn, self._work.cond:
+            self._reading_over = True
+            if session.failed:  # by what a read ahead took in: its Finish is queued
+                return
             while not session.adopted:  # what was kept is acted on first
                 self._work.cond.wait()
             if not self.dispatch(session.receive_eof(time.monotonic(), truncated_ok=not peer_ended)):
@@ -205,6 +217,42 @@ class Inbox:
             # An orderly stop (SIGTERM) tells Kapacitor why, yet is no failure of ours.
             self._work.put(Finish(self.stop_reason, code=0))
             self._work.cond.notify_all()
+
+    def _take_in(self, data: memoryview, wake: bool = True) -> bool:
+        """Cuts the frames of ``data`` (holding the read turn; outside the lock: only the turn's
+        holder touches the session's input side) and acts on them; False once the session has
+        failed. ``wake``: the compute thread is told of new work (not when it read it)."""
+        self.session.receive_data(data)
+        while self.session.frames_waiting:
+            if not self._act_on_input(wake):
+                return False
+        if self._checkpoints is not None:
+            self._checkpoint_if_due(self._checkpoints)
+        return True
+
+    def read_ahead(self) -> bool:
+        """The compute thread, done with a micro-batch while the reader leaves input unread
+        for it, reads that input itself: the reader's wake-up, and the compute thread's after
+        it, are then no longer between one micro-batch and the next. Only a trickle: input that
+        fills a small read, an end of input or an error are left to the reader, which then
+        reads with its pacing and backpressure. Whether it read (the reader then need not wake)."""
+        with self._work.cond:
+            if not self._work.reader_waits() or self._stop.is_set():
+                return False
+        if not self._read_turn.acquire(blocking=False):
+            return False  # the reader is reading
+        try:
+            if self._reading_over or self.session.input_broken:
+                return False
+            read = self.connection.read_ready_into(self._buffer[:SMALL_READ])
+            if not read:
+                return False
+            with self._work.cond:
+                self._read_at = time.monotonic()
+            self._take_in(self._buffer[:read], wake=False)
+            return read < SMALL_READ and not self.session.input_broken
+        finally:
+            self._read_turn.release()
 
     def _gather_while_computing(self) -> bool:
         """While a micro-batch is computing (or queued, or due: the compute thread takes it at
@@ -215,7 +263,8 @@ class Inbox:
         with self._work.cond:
             if not self._computing_soon():
                 return False
-            self._work.reader_waits_while(self._computing_soon, time.monotonic() + COMPUTE_GATHER)
+            self._read_at = time.monotonic()
+            self._work.reader_waits_while(self._computing_soon, lambda: self._read_at + COMPUTE_GATHER)
         return True
 
     def _computing_soon(self) -> bool:
@@ -232,13 +281,14 @@ class Inbox:
         with self._work.cond:
             self._owner.input_ended()
 
-    def _act_on_input(self) -> bool:
+    def _act_on_input(self, wake: bool = True) -> bool:
         """Acts on a slice of the frames read, under the lock (briefly: the compute thread
         must never wait for it long); False once the session has failed."""
         with self._work.cond:
             now = time.monotonic()
-            alive = self.dispatch(self.session.next_events(now))
-            self._work.wake_for(self.micro_batch_due(now))
+            alive = self.dispatch(self.session.next_events(now), wake)
+            if wake:
+                self._work.wake_for(self.micro_batch_due(now))
         return alive
 
     def _checkpoint_if_due(self, checkpoints: Checkpoints) -> None:

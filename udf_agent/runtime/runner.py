@@ -170,7 +170,7 @@ class MicroBatchRunner:
         self.stats.computed = engine.name
         in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
         for piece in output_pieces(done.frames, counts, in_order_of, kernels):
-            self.writer.send(piece)
+            self.writer.send_now(piece)
         self.stats.compute_seconds.observe(time.monotonic() - started)  # task tables to output queued
         if done.failure is not None:
             log.error("%s", done.failure)

@@ -14,7 +14,7 @@ import stat
 import sys
 import time
 
-from udf_agent.runtime.connection import Deadline, WriteTimeout
+from udf_agent.runtime.connection import ATOMIC_WRITE, Deadline, WriteTimeout
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,14 @@ class FdConnection:
         self._wake_read, self._wake_write = os.pipe()
         # Only pipes and sockets can block without end; a terminal's or a file's
         # open-file flags are shared with the shell and are left alone.
-        mode = os.fstat(write_fd).st_mode
-        self._bounded_writes = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+        self._bounded_writes = _pipe_or_socket(write_fd)
         if self._bounded_writes:
             os.set_blocking(write_fd, False)
+        # Reads wait in poll (which an abort wakes), so the read itself need never block: a
+        # read of what is ready (``read_ready_into``) is then one system call.
+        self._nonblocking_reads = _pipe_or_socket(read_fd)
+        if self._nonblocking_reads:
+            os.set_blocking(read_fd, False)
         self._poller = select.poll()
         self._poller.register(read_fd, select.POLLIN)
         self._poller.register(self._wake_read, select.POLLIN)
@@ -98,8 +102,18 @@ class FdConnection:
             if ready:
                 try:
                     return os.readv(self._read_fd, [buffer])
-                except BlockingIOError:  # one socket for both ends, made non-blocking for writes
+                except BlockingIOError:  # a non-blocking fd: polled ready, read empty (spurious)
                     continue
+
+    def read_ready_into(self, buffer: memoryview) -> int | None:
+        if not self._nonblocking_reads:
+            ready = {fd for fd, _ in self._poller.poll(0)}
+            if self._read_fd not in ready or self._wake_read in ready:
+                return None
+        try:
+            return os.readv(self._read_fd, [buffer])
+        except OSError:  # BlockingIOError: nothing yet
+            return None
 
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
@@ -111,6 +125,17 @@ class FdConnection:
                 pass
             if view:
                 _wait_writable(self._write_fd, deadline, total - len(view))
+
+    def write_now(self, data: bytes) -> bool:
+        if not self._bounded_writes or len(data) > ATOMIC_WRITE:
+            return False
+        try:
+            written = os.write(self._write_fd, data)
+        except BlockingIOError:
+            return False
+        if written < len(data):  # a socket as stdout may take part of it: the rest follows
+            self.write(data[written:])
+        return True
 
     def limit_unread_input(self, size: int) -> None:
         size_pipe(self._read_fd, size)
@@ -140,6 +165,12 @@ class SocketConnection:
     def read_into(self, buffer: memoryview) -> int:
         return self.sock.recv_into(buffer)
 
+    def read_ready_into(self, buffer: memoryview) -> int | None:
+        try:
+            return self.sock.recv_into(buffer, 0, socket.MSG_DONTWAIT)
+        except OSError:
+            return None
+
     def limit_unread_input(self, size: int) -> None:
         # A unix stream socket queues what the peer sends against the peer's send buffer,
         # which is not ours to size.
@@ -160,6 +191,17 @@ class SocketConnection:
             if view:
                 _wait_writable(self.sock.fileno(), deadline, total - len(view))
 
+    def write_now(self, data: bytes) -> bool:
+        if len(data) > ATOMIC_WRITE:
+            return False
+        try:
+            written = self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        if written < len(data):  # not seen with a unix socket: the rest follows
+            SocketConnection.write(self, data[written:])
+        return True
+
     def close_write(self) -> None:
         try:
             self.sock.shutdown(socket.SHUT_WR)
@@ -174,6 +216,13 @@ class SocketConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _pipe_or_socket(fd: int) -> bool:
+    """Whether ``fd`` is a pipe or a socket: the only files whose flags are ours to change (a
+    terminal's or a file's open-file flags are shared with the shell)."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _hung_up(fd: int, events: int) -> bool:

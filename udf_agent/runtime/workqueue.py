@@ -77,15 +77,20 @@ class WorkQueue:
         """Whether a micro-batch is queued or being computed: input read now would wait for the next one."""
         return self._computing or self._micro_batches > 0
 
-    def reader_waits_while(self, busy: Callable[[], bool], until: float) -> None:
+    def reader_waits_while(self, busy: Callable[[], bool], until: Callable[[], float]) -> None:
         """The reader's wait while ``busy()``, asked again each time the compute thread is done
-        with a micro-batch, until ``until`` (monotonic) at most."""
+        with a micro-batch (unless it read the input itself, ``take``'s ``reader_fed``), until
+        ``until()`` (monotonic, asked again at each wake) at most."""
         self._reader_waits = True
         try:
-            while busy() and (left := until - time.monotonic()) > 0:
+            while busy() and (left := until() - time.monotonic()) > 0:
                 self.cond.wait(left)
         finally:
             self._reader_waits = False
+
+    def reader_waits(self) -> bool:
+        """Whether the reader is leaving input unread while a micro-batch computes."""
+        return self._reader_waits
 
     def wake_for(self, due: float | None) -> None:
         """Wakes the compute thread if work is queued, or if the open micro-batch is ``due``
@@ -94,11 +99,13 @@ class WorkQueue:
         if self._items or (due is not None and due < self._wakes_at):
             self.cond.notify_all()
 
-    def take(self, due: Callable[[float], float | None], close_due: Callable[[], None], abandoned: Callable[[], bool]) -> Work:
+    def take(self, due: Callable[[float], float | None], close_due: Callable[[], None], abandoned: Callable[[], bool], reader_fed: bool = False) -> Work:
         """The compute thread's next item: waits for one, closing the open micro-batch
-        (``close_due``) once ``due`` says it is time; Finish once the work is ``abandoned``."""
+        (``close_due``) once ``due`` says it is time; Finish once the work is ``abandoned``.
+        ``reader_fed``: the compute thread has just read the input the reader left unread
+        (``Inbox.read_ahead``), so the reader is woken only if that made no work."""
         with self.cond:
-            if self._computing and self._reader_waits:
+            if self._computing and self._reader_waits and not reader_fed:
                 self.cond.notify_all()  # the input gathered meanwhile is read now
             self._busy = self._computing = False  # the previous item is done
             while not self._items:
@@ -109,6 +116,8 @@ class WorkQueue:
                 if deadline is not None and now >= deadline:
                     close_due()
                     continue
+                if self._reader_waits:
+                    self.cond.notify_all()  # nothing to compute: the reader reads again
                 # With nothing open, the reader wakes this thread for the next micro-batch.
                 self._wakes_at = float("inf") if deadline is None else deadline
                 self.cond.wait(None if deadline is None else deadline - now)

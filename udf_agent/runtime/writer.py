@@ -38,6 +38,7 @@ class Writer:
         self._queued = 0  # bytes in _frames
         self._cond = threading.Condition()
         self._closing = False
+        self._writing = False  # a write is under way (the writer's, or ``send_now``'s)
         self._deadline: float | None = None
         self.broken: BaseException | None = None
         self.unwritten_frames = 0
@@ -65,6 +66,25 @@ class Writer:
                 self._frames.append(frame)
             self._queued += len(frame)
             self._cond.notify_all()
+
+    def send_now(self, frame: bytes) -> None:
+        """``send``, but written by the calling thread when nothing is queued or being written
+        and the connection takes it at once (``Connection.write_now``): on a trickle, output
+        then leaves without waking the writer thread and waiting for it to get the GIL."""
+        with self._cond:
+            direct = not self._frames and not self._writing and not self._closing and self._deadline is None
+            self._writing = direct
+        if direct:
+            try:
+                if self._connection.write_now(frame):
+                    return
+            except OSError:
+                pass  # the writer's own write of it meets the error and reports it
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+        self.send(frame)
 
     def close(self, last_frame: bytes | None = None) -> None:
         """Writes what is queued (and ``last_frame``), then closes the output."""
@@ -112,7 +132,8 @@ class Writer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._frames and not self._closing:
+                self._writing = False  # this thread's last write is done
+                while (not self._frames and not self._closing) or self._writing:
                     self._cond.wait()
                 frames: list[bytes] = []
                 size = 0
@@ -123,6 +144,7 @@ class Writer:
                     frames.append(frame)
                     size += len(frame)
                 self._queued -= size
+                self._writing = bool(frames)
                 self._cond.notify_all()  # room for senders waiting on a full queue
                 done = self._closing and not self._frames
             try:

@@ -144,6 +144,15 @@ class RelayedConnection(SocketConnection):
         except WriteTimeout as exc:  # counted in frames' bytes, headers and log records not included
             raise WriteTimeout(max(0, exc.written - (len(queued) - len(data)))) from None
 
+    def write_now(self, data: bytes) -> bool:
+        """``data`` as one chunk, whole frames; not with log records queued: they go first, by ``write``."""
+        with self._log_lock:
+            if self._log_messages or self._logs_dropped:
+                return False
+        if isinstance(data, LinkMessage) or not data:
+            return False
+        return super().write_now(output_message(data, hotpath.kernels().count_frames(data, KEEPALIVE_KEY)))
+
     def close_write(self) -> None:
         if self._routes is not None and self._labels is not None:
             self._routes.remove(self._labels)  # what the task logs from now on stays in the server's log

@@ -265,7 +265,8 @@ def scan(buffer: Any, limit: int, capacity: int) -> Frames:
 
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the scanner, so the first data read does not wait."""
-    scan(bytearray(b"\x02\x0a\x00"), 1024, 4)  # a bytearray, as the reader's buffer is: one compiled signature
+    found = scan(bytearray(b"\x02\x0a\x00"), 1024, 4)  # a bytearray, as the reader's buffer is: one compiled signature
+    _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, RUN_BYTES)
     _handler_run(np.frombuffer(bytearray(b"\x00"), np.uint8), 0, 1024)
     spans = np.array([[0, 1]], np.int64)
     first_invalid_group(b"g", spans)
@@ -312,22 +313,46 @@ RUN_BYTES = 128 * 1024
 def _append_pieces(buffer: bytearray, found: Frames, pieces: list[Piece]) -> None:
     if not found.count:
         return
-    is_point = found.kind == POINT
-    frame_start = np.concatenate(([0], found.body_end[:-1]))
-    # Runs of like frames, point runs cut further every RUN_BYTES.
-    edges = np.flatnonzero((is_point[1:] != is_point[:-1]) | (frame_start[1:] // RUN_BYTES != frame_start[:-1] // RUN_BYTES)) + 1
-    for first, stop in zip([0, *edges.tolist()], [*edges.tolist(), found.count]):
-        if is_point[first]:
-            offset = int(frame_start[first])
-            # The point itself with its length varint: the body less Request.point's key.
-            points = np.stack([found.body_start[first:stop] + 2, found.body_end[first:stop]], axis=1) - offset
-            groups = np.stack([found.group_start[first:stop], found.group_end[first:stop]], axis=1)
-            groups = np.where(groups >= 0, groups - offset, -1)
+    edges, points, groups = _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, RUN_BYTES)
+    bounds = edges.tolist()
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        if found.kind[first] == POINT:
+            offset = int(found.body_end[first - 1]) if first else 0
             frames = bytes(buffer[offset : int(found.body_end[stop - 1])])
-            pieces.append(PointRun(frames, stop - first, points, groups))
+            pieces.append(PointRun(frames, stop - first, points[first:stop], groups[first:stop]))
         else:
             for start, end in zip(found.body_start[first:stop].tolist(), found.body_end[first:stop].tolist()):
                 pieces.append(bytes(buffer[start:end]))
+
+
+@njit(cache=True, nogil=True)
+def _runs(body_start: Any, body_end: Any, kind: Any, group_start: Any, group_end: Any, run_bytes: int) -> tuple[Any, Any, Any]:
+    """Scanned frames as runs of like frames (point runs cut further every ``run_bytes``):
+    where each run starts and the last ends (frame numbers), and for every point its span with
+    its length varint and its group's (-1 where absent), as offsets from its run's first byte.
+    One call for what took a dozen numpy calls a read (twin: ``tests/test_scanner.py``)."""
+    count = body_start.shape[0]
+    edges = np.empty(count + 1, np.int64)
+    points = np.empty((count, 2), np.int64)
+    groups = np.empty((count, 2), np.int64)
+    runs = 0
+    edges[0] = 0
+    offset = 0  # where the current run's first frame starts
+    for i in range(count):
+        start = body_end[i - 1] if i else 0
+        if i:
+            before = body_end[i - 2] if i > 1 else 0
+            if (kind[i] == POINT) != (kind[i - 1] == POINT) or start // run_bytes != before // run_bytes:
+                runs += 1
+                edges[runs] = i
+                offset = start
+        # The point itself with its length varint: the body less Request.point's key.
+        points[i, 0] = body_start[i] + 2 - offset
+        points[i, 1] = body_end[i] - offset
+        groups[i, 0] = group_start[i] - offset if group_start[i] >= 0 else -1
+        groups[i, 1] = group_end[i] - offset if group_end[i] >= 0 else -1
+    edges[runs + 1] = count
+    return edges[: runs + 2], points, groups
 
 
 class RequestRunSplitter(FrameSplitter):
