@@ -73,7 +73,8 @@ class Writer:
         then leaves without waking the writer thread and waiting for it to get the GIL."""
         with self._cond:
             direct = not self._frames and not self._writing and not self._closing and self._deadline is None
-            self._writing = direct
+            if direct:
+                self._writing = True  # the writer thread waits meanwhile
         if direct:
             try:
                 if self._connection.write_now(frame):
