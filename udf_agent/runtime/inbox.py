@@ -5,8 +5,9 @@ cuts frames, acts on them a slice at a time under the work queue's lock, and tur
 session's events into frames for the writer and work for the compute thread, in input order.
 It never waits on compute: past the budget of points waiting for compute it stops reading
 (backpressure), sending heartbeat KeepaliveResponses meanwhile so that Kapacitor's watchdog
-never fires. What the task's start and end mean to the rest of the agent, the agent says
-(``InboxOwner``).
+never fires. While a micro-batch computes it leaves a trickle of input unread, and the compute
+thread, once done, reads it itself (``read_ahead``): whoever reads holds the inbox's read turn.
+What the task's start and end mean to the rest of the agent, the agent says (``InboxOwner``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The single writer of an agent's output: frames in order, keepalive replies first."""
+"""The writer of an agent's output: frames in order, keepalive replies first, one write at a time."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ class LinkMessage(bytes):
 
 
 class Writer:
-    """The single writer: frames in order, keepalive replies ahead of queued data.
+    """The writer: frames in order, keepalive replies ahead of queued data. Its thread
+    writes them, but for a small piece sent while nothing is queued or under way, which the
+    sender writes itself (``send_now``); one write at a time either way.
 
     Once ``drain_by`` has set a deadline, output that cannot be written by
     then is dropped (and counted) and the output is closed: after the end of
