@@ -4,8 +4,10 @@ The reader (``inbox.Inbox``, which owns the protocol session) never waits on com
 answers keepalives and management requests at once and queues work in input order on the
 ``WorkQueue``, whose Condition is the agent's one lock. The compute thread takes that work and
 runs each micro-batch on its ``MicroBatchRunner`` (``runner.py``), holding no lock while it
-computes. The writer is the only thread that writes. The agent itself keeps the deadlines: the
-drain after input ends and the reply to a protocol error.
+computes; done with a micro-batch it reads the trickle that came meanwhile itself
+(``Inbox.read_ahead``). The writer writes, one write at a time (a small output the compute thread
+writes itself while the writer is idle: ``Writer.send_now``). The agent itself keeps the
+deadlines: the drain after input ends and the reply to a protocol error.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a task has done so far, as ``udf-agent status`` and the metrics show it.
 
-Each count has one writer: the agent's reader counts what comes in (under the agent's lock),
-its compute thread what goes out. Readers take a snapshot whenever they like.
+Each count has one writer at a time: whoever acts on input (the agent's reader, or its compute
+thread reading ahead) counts what comes in, under the agent's lock; the compute thread what goes out. Readers take a snapshot whenever they like.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ scanner finds for a fraction of what the relay's walk through them would cost.
 
 A message's kind (``wire/links.py``) says what it holds: OUTPUT, such a chunk; LOG_RECORD, a
 log record (``logs.forwarded_record``): what the task logged in the server, which the relay logs on the task's own stderr, where Kapacitor keeps
-a UDF's log. Records travel ahead of the output chunk of the writer's next write, so the agent's
-writer stays the only thread that writes to the socket; a task that logs while no output flows
-wakes its writer with an empty write. Logging never waits on the relay: records the writer has
+a UDF's log. Records travel ahead of the output chunk of the writer's next write, so the writes
+to the socket stay the agent's writer's, one at a time (a chunk written at once by the compute
+thread, ``write_now``, never goes while records are queued); a task that logs while no output
+flows wakes its writer with an empty write. Logging never waits on the relay: records the writer has
 not taken yet are bounded, and those past the bound are dropped and counted.
 """
 
