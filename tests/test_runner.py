@@ -31,6 +31,9 @@ class _KapacitorNotReading:
         time.sleep(WRITER_WAIT)
         self.frames.append(frame)
 
+    def send_now(self, frame: bytes) -> None:
+        self.send(frame)  # a full queue: nothing goes out at once
+
 
 def test_a_micro_batchs_compute_time_runs_until_its_output_is_queued():
     """udf_agent_compute_seconds is "from taking it to queueing its output": a compute thread
