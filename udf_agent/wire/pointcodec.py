@@ -12,6 +12,7 @@ leading fields (time to tags), copied, followed by the new fields.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -408,13 +409,19 @@ def _entry_size(field: int, key_size: int, number: Any) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any) -> tuple[Any, Any]:
-    """Response frames: per row, the point's header bytes, its new fields, byName; and where each ends."""
+def _encode(
+    buf: Any, spans: Any, by_name: Any, named: Any, rows: Any, fields: Any, keys: Any, key_offsets: Any, numbers: Any
+) -> tuple[Any, Any, bool]:
+    """Response frames: per row, the point's header bytes, its new fields, byName; where each
+    ends; and False (nothing encoded) if a row's point has no name or its leading fields are
+    not one stretch (``Headers.spans`` end -1)."""
     count = rows.shape[0]
     sizes = np.empty(count, np.int64)
     total = 0
     for i in range(count):
         row = rows[i]
+        if spans[row, 1] < 0 or not named[row]:
+            return np.empty(0, np.uint8), sizes, False
         size = spans[row, 1] - spans[row, 0]
         for c in range(fields.shape[0]):
             size += _entry_size(fields[c], key_offsets[c + 1] - key_offsets[c], numbers[i, c])
@@ -466,7 +473,7 @@ def _encode(buf: Any, spans: Any, by_name: Any, rows: Any, fields: Any, keys: An
                     out[pos] = 0x10
                     pos = _put_varint(out, pos + 1, number)
         ends[i] = pos
-    return out, ends
+    return out, ends, True
 
 
 def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.ndarray]]) -> tuple[bytes, np.ndarray] | None:
@@ -479,28 +486,31 @@ def encode_rows(headers: Headers, rows: np.ndarray, fields: list[tuple[str, np.n
     this writes (a nullable or string column, a nameless point): the caller then
     builds the points one by one. With the frames comes where each one ends.
     """
-    if len(rows) and ((headers.spans[rows, 1] < 0).any() or not headers.named[rows].all()):
+    plan = _fields_plan(tuple((name, array.dtype.kind) for name, array in fields))
+    if plan is None:
         return None
-    kinds, keys, numbers = [], [], []
-    for name, array in fields:
-        kind = _ENCODED.get(array.dtype.kind)
-        if kind is None:
-            return None
-        kinds.append(kind)
-        keys.append(name.encode())
-        if kind == _DOUBLES:
-            array = array.astype(np.float64)
-            numbers.append(array.view(np.int64))
-        else:
-            numbers.append(array.astype(np.int64))
+    kinds, keys, key_offsets = plan
+    numbers = [array.astype(np.float64, copy=False).view(np.int64) if kind == _DOUBLES else array.astype(np.int64, copy=False) for (_, array), kind in zip(fields, kinds.tolist())]
+    if len(numbers) == 1:
+        table = numbers[0].reshape(-1, 1)
+    else:
+        table = np.column_stack(numbers) if numbers else np.zeros((len(rows), 0), np.int64)
+    out, ends, encoded = _encode(headers.buf, headers.spans, headers.by_name, headers.named, np.ascontiguousarray(rows, np.int64), kinds, keys, key_offsets, table)
+    return (out.tobytes(), ends) if encoded else None
+
+
+@lru_cache(maxsize=256)
+def _fields_plan(fields: tuple[tuple[str, str], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """For result columns (name, dtype kind): each one's map field, the names' bytes one after
+    another and where each begins; None if a kind is not one ``encode_rows`` writes. One per
+    set of columns (a UDF returns the same few): the arrays took a fifth of a small encode."""
+    kinds = [_ENCODED.get(kind) for _, kind in fields]
+    if None in kinds:
+        return None
+    keys = [name.encode() for name, _ in fields]
     key_offsets = np.zeros(len(keys) + 1, np.int64)
     np.cumsum([len(k) for k in keys], out=key_offsets[1:])
-    out, ends = _encode(
-        headers.buf, headers.spans, headers.by_name, rows.astype(np.int64),
-        np.array(kinds, np.int64), np.frombuffer(b"".join(keys), np.uint8), key_offsets,
-        np.column_stack(numbers) if numbers else np.zeros((len(rows), 0), np.int64),
-    )
-    return out.tobytes(), ends
+    return np.array(kinds, np.int64), np.frombuffer(b"".join(keys), np.uint8).copy(), key_offsets
 
 
 class _Columns:
