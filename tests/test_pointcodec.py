@@ -170,6 +170,33 @@ def test_encode_rows_gives_the_reference_points(seed):
     assert [parsed(frames[a:b])[0] for a, b in zip(starts, ends)] == parsed(frames)
 
 
+def _last_points_twin(headers, starts, rows):
+    """``Headers.last_points``'s twin: the numpy calls it replaced."""
+    first = np.maximum(starts[:-1], starts[1:] - rows)
+    stop = starts[1:]
+    spans = np.zeros((len(first), 2), np.int64)
+    present = first < stop
+    spans[present, 0] = headers.points[first[present], 0]
+    spans[present, 1] = headers.points[stop[present] - 1, 1]
+    data = b"".join(headers.raw[a:b] for a, b in spans.tolist())
+    lengths = (spans[:, 1] - spans[:, 0]).astype(np.int64)
+    lengths[~present] = -1
+    return data, lengths
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 50])
+def test_last_points_of_each_group_are_their_numpy_twin(rows):
+    rng = random.Random(rows)
+    points = [udf_pb2.Point(time=t, name="m", tags={"g": "x" * rng.randrange(0, 300)}, fieldsDouble={"v": t}) for t in range(60)]
+    _, headers = pointcodec.decode_with_headers(encoded(points))
+    sizes = [0, 1, 2, 7, 0, 20, 30, 0]  # groups of none, of fewer points than rows, of more
+    starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    data, lengths = headers.last_points(starts, rows)
+    twin_data, twin_lengths = _last_points_twin(headers, starts, rows)
+    assert data.tobytes() == twin_data and lengths.tolist() == twin_lengths.tolist()
+    assert (lengths == -1).sum() == (3 if rows else len(sizes))
+
+
 def test_encode_rows_declines_what_it_does_not_write():
     points = [udf_pb2.Point(time=1, name="m"), udf_pb2.Point(time=2)]  # the second has no name
     _, headers = pointcodec.decode_with_headers(encoded(points))

@@ -20,7 +20,7 @@ import pyarrow as pa
 from udf_agent.api import Context
 from udf_agent.compute.contract import TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
 from udf_agent.compute.frame import user_frame
-from udf_agent.compute.packed import NONE, Blobs, ResultColumns, StreamTasks
+from udf_agent.compute.packed import Blobs, ResultColumns, StreamTasks
 from udf_agent.compute.results import encode_rows_of, output_points
 from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
@@ -127,11 +127,7 @@ def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.n
         return Blobs.missing(count)
     if "rows" not in window:
         return Blobs.of([_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
-    # The last rows of a group are one stretch of bytes.
-    first = np.maximum(starts[:-1], starts[1:] - window["rows"])
-    data, offsets = headers.gather_stretches(first, starts[1:])
-    lengths = np.diff(offsets).astype(np.int64)
-    lengths[first >= starts[1:]] = NONE
+    data, lengths = headers.last_points(starts, window["rows"])
     return Blobs(data, lengths)
 
 
