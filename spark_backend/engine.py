@@ -322,6 +322,8 @@ def _retire_session(resident: ResidentWorkers | None, session: SparkSession) -> 
 
 
 _SHIPPED: set[str] = set()
+# The UDF modules whose shipping is decided (shipped or not): asked every micro-batch.
+_DECIDED: set[str] = set()
 
 
 def ship_by_value(spec: UDFSpec) -> None:
@@ -330,9 +332,13 @@ def ship_by_value(spec: UDFSpec) -> None:
     executors of a cluster need not have it, only the libraries it imports."""
     from pyspark import cloudpickle
 
-    module = sys.modules.get(getattr(spec.function, "__module__", None) or "")
+    name = getattr(spec.function, "__module__", None) or ""
+    if name in _DECIDED:
+        return
+    module = sys.modules.get(name)
     if module is None:
         return
+    _DECIDED.add(name)
     top = sys.modules.get(module.__name__.partition(".")[0], module)
     path = os.path.abspath(getattr(top, "__file__", None) or "")
     installed = any(part in ("site-packages", "dist-packages") for part in path.split(os.sep))

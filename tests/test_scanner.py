@@ -300,20 +300,20 @@ def test_group_utf8_check_agrees_with_python_on_every_tricky_sequence():
 def test_output_frames_go_back_in_arrival_order(compiled):
     import numpy as np
 
-    from udf_agent.wire.batches import in_arrival_order
     from udf_agent.wire.hotpath import REFERENCE, CompiledWireKernels
 
     kernels = CompiledWireKernels() if compiled else REFERENCE
 
-    frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * (t % 7)))) for t in range(50)]
+    # Bodies of 2 to 250 bytes: length prefixes of one byte and of two.
+    frames = [encode_frame(udf_pb2.Response(point=udf_pb2.Point(time=t, name="m" * (t % 7 * 40)))) for t in range(50)]
     arrival = np.random.default_rng(3).permutation(50)
     grouped_order = b"".join(frames[a] for a in arrival)  # frame j is the output of the point that arrived arrival[j]-th
-    data, ends = in_arrival_order(grouped_order, arrival, kernels)
+    data, ends = kernels.arrival_order(grouped_order, arrival)
     assert data == b"".join(frames)
     assert ends.tolist() == np.cumsum([len(f) for f in frames]).tolist()
     # Not one whole frame per point: no reordering.
-    assert in_arrival_order(grouped_order[:-1], arrival, kernels) is None
-    assert in_arrival_order(grouped_order, arrival[:-1], kernels) is None
+    assert kernels.arrival_order(grouped_order[:-1], arrival) is None
+    assert kernels.arrival_order(grouped_order, arrival[:-1]) is None
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "reference"])

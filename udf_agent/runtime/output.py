@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from udf_agent.runtime.writer import WRITE_CHUNK
-from udf_agent.wire.batches import in_arrival_order
 from udf_agent.wire.grouped import GroupedPoints
 from udf_agent.wire.hotpath import WireKernels
 
@@ -34,10 +33,13 @@ def output_pieces(slices: Sequence[tuple[bytes, np.ndarray]], counts: np.ndarray
     if not data:
         return
     if grouped is not None and len(grouped) > 1 and np.array_equal(grouped.counts, counts):
-        arranged = in_arrival_order(data, grouped.arrival, kernels)
+        arranged = kernels.arrival_order(data, grouped.arrival)
         if arranged is not None:
             data, ends = arranged
     start, piece = 0, WRITE_CHUNK // 2
+    if len(data) <= piece:  # a trickle's output: one piece, no search
+        yield data
+        return
     while start < len(data):
         index = int(np.searchsorted(ends, start + piece, side="right")) - 1
         stop = int(ends[index]) if index >= 0 and ends[index] > start else int(ends[np.searchsorted(ends, start, side="right")])

@@ -78,22 +78,6 @@ class StreamMicroBatch:
         return kernels.group_points(frames, points, groups)
 
 
-def in_arrival_order(output: bytes, arrival: Any, kernels: WireKernels = REFERENCE) -> tuple[bytes, Any] | None:
-    """Output frames, one per point in grouped order (``GroupedPoints.arrival``), put back in
-    the order the points arrived, with where each frame ends; None unless ``output`` holds
-    exactly one whole frame per point."""
-    import numpy as np
-
-    ends = kernels.frame_ends(output)
-    if ends is None or len(ends) != len(arrival):
-        return None
-    back = np.empty_like(arrival)
-    back[arrival] = np.arange(len(arrival))
-    starts = np.concatenate(([0], ends[:-1]))
-    lengths = (ends - starts)[back]
-    return kernels.reordered(output, np.stack([starts, ends], axis=1)[back]), np.cumsum(lengths)
-
-
 class KapacitorBatch:
     """One complete batch as Kapacitor sent it, BeginBatch to EndBatch."""
 

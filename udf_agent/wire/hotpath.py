@@ -29,13 +29,21 @@ class WireKernels:
         """The points at ``points`` offsets of ``frames`` by their group bytes (``groups``)."""
         return group_points_by_key(frames, points, groups)
 
-    def frame_ends(self, data: bytes) -> Any:
-        """Where each length-prefixed frame of ``data`` ends; None unless they are whole."""
-        return prefixed_ends(data)
+    def arrival_order(self, output: bytes, arrival: Any) -> tuple[bytes, Any] | None:
+        """Output frames, one per point in grouped order (``GroupedPoints.arrival``: the
+        j-th frame answers the point that arrived ``arrival[j]``-th), put back in the order the
+        points arrived, with where each frame then ends; None unless ``output`` holds exactly
+        one whole frame per point."""
+        import numpy as np
 
-    def reordered(self, data: bytes, spans: Any) -> bytes:
-        """The ``spans`` (start, end) of ``data``, one after another."""
-        return b"".join(data[start:end] for start, end in spans.tolist())
+        ends = prefixed_ends(output)
+        if ends is None or len(ends) != len(arrival):
+            return None
+        frames = [output[start:end] for start, end in zip([0, *ends[:-1].tolist()], ends.tolist())]
+        placed = [b""] * len(frames)
+        for frame, place in zip(frames, arrival.tolist()):
+            placed[place] = frame
+        return b"".join(placed), np.cumsum([len(frame) for frame in placed], dtype=np.int64)
 
     def count_frames(self, data: bytes, uncounted_key: int) -> int:
         """The frames of ``data`` (whole frames only) but those whose body starts with ``uncounted_key``."""
@@ -47,11 +55,10 @@ class CompiledWireKernels(WireKernels):
     made once the scanner has loaded."""
 
     def __init__(self) -> None:
-        from udf_agent.wire import kernels, scanner
+        from udf_agent.wire import scanner
 
         self._group_points = scanner.group_points
-        self._frame_ends = scanner.frame_ends
-        self._gather = kernels.gather
+        self._arrival_order = scanner.arrival_order
         self._count_frames = scanner.count_frames
 
     def group_points(self, frames: bytes, points: Any, groups: Any) -> GroupedPoints:
@@ -60,14 +67,8 @@ class CompiledWireKernels(WireKernels):
         grouped: GroupedPoints = self._group_points(frames, points, groups)
         return grouped
 
-    def frame_ends(self, data: bytes) -> Any:
-        return self._frame_ends(data)
-
-    def reordered(self, data: bytes, spans: Any) -> bytes:
-        import numpy as np
-
-        gathered, _ = self._gather(np.frombuffer(data, dtype=np.uint8), spans)
-        return bytes(gathered.tobytes())
+    def arrival_order(self, output: bytes, arrival: Any) -> tuple[bytes, Any] | None:
+        return self._arrival_order(output, arrival)
 
     def count_frames(self, data: bytes, uncounted_key: int) -> int:
         return self._count_frames(data, uncounted_key)
