@@ -83,7 +83,8 @@ class Blobs:
     def tolist(self) -> list[bytes | None]:
         # Walked in Python: a micro-batch at a trickle has a few items, where numpy's calls
         # (a cumulative sum, a test for all missing) cost more than the walk.
-        data, items, end = self.data, [], 0
+        items: list[bytes | None] = []
+        data, end = self.data, 0
         for length in self.lengths.tolist():
             if length == NONE:
                 items.append(None)
