@@ -129,6 +129,16 @@ def test_invalid_utf8_is_a_protocol_error_naming_the_point_when_decoded(extra):
         pointcodec.decode_with_headers(encode_varint(len(good)) + good + encode_varint(len(bad)) + bad)
 
 
+
+def test_invalid_utf8_names_the_first_point_at_fault_whatever_the_string():
+    """A bad tag value in point 2 and a bad name in point 3: point 2, though names are checked first."""
+    good = udf_pb2.Point(time=1, name="m").SerializeToString()
+    bad_tag = udf_pb2.Point(time=2).SerializeToString() + b"\x3a\x07\x0a\x01h\x12\x02\xed\xa0"
+    bad_name = udf_pb2.Point(time=3).SerializeToString() + b"\x12\x02\xff\xfe"
+    data = b"".join(encode_varint(len(point)) + point for point in (good, bad_tag, bad_name))
+    with pytest.raises(ProtocolError, match="point 2 of this micro-batch's group has a string"):
+        pointcodec.decode_with_headers(data)
+
 def reference_frames(points, result, first_row=0):
     data = decode_points(encoded(points))
     ctx = Context(options=OptionValues({}, ()), group=points[-1].group, tags={}, name=points[-1].name)

@@ -73,34 +73,40 @@ def gather(buf: Any, spans: Any) -> tuple[Any, Any]:
 
 
 @njit(cache=True, nogil=True)
+def invalid_utf8(buf: Any, j: int, end: int) -> bool:
+    """Whether ``buf[j:end]`` is not valid UTF-8 (by ``bytes.decode``'s rules, its twin)."""
+    while j < end:
+        lead = buf[j]
+        if lead < 0x80:
+            j += 1
+            continue
+        if 0xC2 <= lead <= 0xDF:
+            tail = 1
+        elif 0xE0 <= lead <= 0xEF:
+            tail = 2
+        elif 0xF0 <= lead <= 0xF4:
+            tail = 3
+        else:
+            return True
+        if j + tail >= end:
+            return True
+        second = buf[j + 1]
+        # Overlong forms, surrogates and code points above U+10FFFF.
+        if (lead == 0xE0 and second < 0xA0) or (lead == 0xED and second > 0x9F):
+            return True
+        if (lead == 0xF0 and second < 0x90) or (lead == 0xF4 and second > 0x8F):
+            return True
+        for k in range(1, tail + 1):
+            if buf[j + k] & 0xC0 != 0x80:
+                return True
+        j += tail + 1
+    return False
+
+
+@njit(cache=True, nogil=True)
 def first_invalid_utf8(buf: Any, spans: Any) -> int:
-    """The first span whose bytes are not valid UTF-8, or -1; (-1, -1) is empty. Its twin is
-    ``bytes.decode``, whose rules it follows."""
+    """The first span whose bytes are not valid UTF-8, or -1; (-1, -1) is empty."""
     for i in range(spans.shape[0]):
-        j, end = spans[i, 0], spans[i, 1]
-        while j < end:
-            lead = buf[j]
-            if lead < 0x80:
-                j += 1
-                continue
-            if 0xC2 <= lead <= 0xDF:
-                tail = 1
-            elif 0xE0 <= lead <= 0xEF:
-                tail = 2
-            elif 0xF0 <= lead <= 0xF4:
-                tail = 3
-            else:
-                return i
-            if j + tail >= end:
-                return i
-            second = buf[j + 1]
-            # Overlong forms, surrogates and code points above U+10FFFF.
-            if (lead == 0xE0 and second < 0xA0) or (lead == 0xED and second > 0x9F):
-                return i
-            if (lead == 0xF0 and second < 0x90) or (lead == 0xF4 and second > 0x8F):
-                return i
-            for k in range(1, tail + 1):
-                if buf[j + k] & 0xC0 != 0x80:
-                    return i
-            j += tail + 1
+        if invalid_utf8(buf, spans[i, 0], spans[i, 1]):
+            return i
     return -1

@@ -21,7 +21,7 @@ from numba import njit
 
 from udf_agent.wire import columns as cols
 from udf_agent.wire.frames import ProtocolError
-from udf_agent.wire.kernels import first_invalid_utf8, gather, skip_field, varint
+from udf_agent.wire.kernels import gather, invalid_utf8, skip_field, varint
 
 # Map fields of a Point and the column prefix of each.
 _TAGS, _DOUBLES, _INTS, _STRINGS, _BOOLS = 7, 8, 9, 10, 12
@@ -256,6 +256,73 @@ def _same_keys(buf: Any, entry_key: Any, representative: Any) -> bool:
     return True
 
 
+
+@njit(cache=True, nogil=True)
+def _first_invalid_text(buf: Any, strings: Any, dim_point: Any, dim_span: Any, entry_point: Any, entry_field: Any, entry_key: Any, entry_value: Any) -> int:
+    """The first point with a name, database, retention policy, dimension, map key or string
+    value that is not valid UTF-8, or -1."""
+    bad = -1
+    for point in range(strings.shape[0]):
+        if invalid_utf8(buf, strings[point, 0], strings[point, 1]) or invalid_utf8(buf, strings[point, 2], strings[point, 3]) or invalid_utf8(buf, strings[point, 4], strings[point, 5]):
+            bad = point
+            break
+    for dim in range(dim_span.shape[0]):
+        if (bad < 0 or dim_point[dim] < bad) and invalid_utf8(buf, dim_span[dim, 0], dim_span[dim, 1]):
+            bad = dim_point[dim]
+    for entry in range(entry_key.shape[0]):
+        point = entry_point[entry]
+        if bad >= 0 and point >= bad:
+            continue
+        text = entry_field[entry] == _TAGS or entry_field[entry] == _STRINGS
+        if invalid_utf8(buf, entry_key[entry, 0], entry_key[entry, 1]) or (text and invalid_utf8(buf, entry_value[entry, 0], entry_value[entry, 1])):
+            bad = point
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _decode_all(buf: Any, few_columns: int) -> tuple[Any, ...]:
+    """Everything ``_Columns`` keeps, from one compiled call: the counts, the arrays
+    ``_decode`` fills, the UTF-8 check, and the entries by column when there are at most
+    ``few_columns`` (found -1 otherwise). Each was a numpy or compiled call of its own, 73 µs
+    a slice of moving_avg's micro-batch at a trickle; the first failure is
+    (bad point, -1) or (-1, point with invalid text)."""
+    points, dims, entries, bad = _count(buf)
+    time = np.empty(points, np.int64)
+    strings = np.zeros((points, 6), np.int64)
+    by_name = np.empty(points, np.bool_)
+    header = np.empty((points, 2), np.int64)
+    span = np.empty((points, 2), np.int64)
+    dim_point = np.empty(dims, np.int64)
+    dim_span = np.empty((dims, 2), np.int64)
+    entry_point = np.empty(entries, np.int64)
+    entry_field = np.empty(entries, np.int64)
+    entry_key = np.empty((entries, 2), np.int64)
+    entry_value = np.empty((entries, 2), np.int64)
+    entry_number = np.empty(entries, np.int64)
+    entry_hash = np.empty(entries, np.uint64)
+    bad_text = -1
+    found = -1
+    column_of_entry = np.empty(0, np.int64)
+    first = np.empty(0, np.int64)
+    order = np.empty(0, np.int64)
+    bounds = np.zeros(1, np.int64)
+    same = True
+    if bad < 0:
+        bad = _decode(buf, time, strings, by_name, header, span, dim_point, dim_span, entry_point, entry_field, entry_key, entry_value, entry_number, entry_hash)
+    if bad < 0:
+        bad_text = _first_invalid_text(buf, strings, dim_point, dim_span, entry_point, entry_field, entry_key, entry_value)
+    if bad < 0 and bad_text < 0:
+        found, column_of_entry, first = _assign_columns(entry_hash, few_columns)
+        if found >= 0:
+            order, bounds = _entries_by_column(column_of_entry, found)
+            same = _same_keys(buf, entry_key, first[column_of_entry])
+    named = strings[:, 1] > strings[:, 0]
+    return (
+        bad, bad_text, found, time, strings, by_name, header, span, named, dim_point, dim_span,
+        entry_point, entry_field, entry_key, entry_value, entry_number, entry_hash, first, order, bounds, same,
+    )
+
+
 def _strings(buf: np.ndarray, spans: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     data, offsets = gather(buf, spans)
     bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -335,13 +402,9 @@ def decode_points(data: bytes) -> pa.Table:
 def decode_with_headers(data: bytes) -> tuple[DecodedPoints, Headers]:
     """The points, and where each lies in ``data``."""
     buf = np.frombuffer(data, dtype=np.uint8)
-    points, dims, entries, bad = _count(buf)
-    if bad >= 0:
-        raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
-    columns = _Columns(data, buf, points, dims, entries)
-    named = columns.strings[:, 1] > columns.strings[:, 0]
-    headers = Headers(data, buf, columns.span, columns.header, columns.by_name, named)
-    if not _same_keys(buf, columns.entry_key, columns.representative):
+    columns = _Columns(data, buf)
+    headers = Headers(data, buf, columns.span, columns.header, columns.by_name, columns.named)
+    if not columns.same_keys:
         return DecodedPoints(cols.decode_points(data)), headers  # two keys share a 64-bit hash: the reference sorts them out
     return DecodedPoints(columns=columns), headers
 
@@ -536,48 +599,26 @@ def _fields_plan(fields: tuple[tuple[str, str], ...]) -> tuple[np.ndarray, np.nd
 class _Columns:
     """The decoded arrays of one buffer of points, and the table built from them."""
 
-    def __init__(self, raw: bytes, buf: np.ndarray, points: int, dims: int, entries: int):
+    def __init__(self, raw: bytes, buf: np.ndarray):
         self.raw = raw
         self.buf = buf
-        self.count = points
-        self.time = np.empty(points, np.int64)
-        self.strings = np.empty((points, 6), np.int64)
-        self.by_name = np.empty(points, np.bool_)
-        self.header = np.empty((points, 2), np.int64)
-        self.span = np.empty((points, 2), np.int64)
-        self.dim_point = np.empty(dims, np.int64)
-        self.dim_span = np.empty((dims, 2), np.int64)
-        self.entry_point = np.empty(entries, np.int64)
-        self.entry_field = np.empty(entries, np.int64)
-        self.entry_key = np.empty((entries, 2), np.int64)
-        self.entry_value = np.empty((entries, 2), np.int64)
-        self.entry_number = np.empty(entries, np.int64)
-        entry_hash = np.empty(entries, np.uint64)
-        bad = _decode(
-            buf, self.time, self.strings, self.by_name, self.header, self.span, self.dim_point, self.dim_span,
-            self.entry_point, self.entry_field, self.entry_key, self.entry_value, self.entry_number, entry_hash,
-        )
+        (
+            bad, bad_text, found, self.time, self.strings, self.by_name, self.header, self.span, self.named, self.dim_point, self.dim_span,
+            self.entry_point, self.entry_field, entry_key, self.entry_value, self.entry_number, entry_hash, first, order, bounds, self.same_keys,
+        ) = _decode_all(buf, _FEW_COLUMNS)
         if bad >= 0:
             raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
-        found, self.column_of_entry, first = _assign_columns(entry_hash, _FEW_COLUMNS)
+        if bad_text >= 0:
+            raise ProtocolError(f"point {bad_text + 1} of this micro-batch's group has a string, tag or field name that is not valid UTF-8")
+        self.count = len(self.time)
         if found < 0:  # many distinct keys: sort them instead
-            _, first, self.column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
-        self.representative = first[self.column_of_entry]
-
-        text = (self.entry_field == _TAGS) | (self.entry_field == _STRINGS)
-        spans = np.concatenate((self.strings.reshape(-1, 2), self.dim_span, self.entry_key, self.entry_value[text]))
-        bad = first_invalid_utf8(buf, spans)
-        if bad >= 0:
-            point_of_span = np.concatenate((np.repeat(np.arange(points), 3), self.dim_point, self.entry_point, self.entry_point[text]))
-            raise ProtocolError(f"point {point_of_span[bad] + 1} of this micro-batch's group has a string, tag or field name that is not valid UTF-8")
+            _, first, column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
+            order, bounds = _entries_by_column(column_of_entry, len(first))
+            self.same_keys = _same_keys(buf, entry_key, first[column_of_entry])
         # Each tag and field column by name, sorted (map order differs between processes,
         # the table must not): its map field and its entries, in point order.
-        order, bounds = _entries_by_column(self.column_of_entry, len(first))
-        sparse = {}
-        for column, entry in enumerate(first.tolist()):
-            field = int(self.entry_field[entry])
-            start, end = self.entry_key[entry]
-            sparse[_PREFIX[field] + raw[start:end].decode()] = (field, order[bounds[column] : bounds[column + 1]])
+        fields, keys, bounds = self.entry_field[first].tolist(), entry_key[first].tolist(), bounds.tolist()
+        sparse = {_PREFIX[field] + raw[start:end].decode(): (field, order[bounds[column] : bounds[column + 1]]) for column, (field, (start, end)) in enumerate(zip(fields, keys))}
         self.sparse = dict(sorted(sparse.items()))
 
     def names(self) -> list[str]:
