@@ -300,6 +300,44 @@ def test_tag_named_like_a_field_is_shown_with_a_prefix(decoded):
     assert layout.tag_columns == {"tag:x": "x", "host": "host"}
 
 
+
+def test_a_udf_that_declares_what_it_reads_gets_time_and_those_columns_and_its_results_mean_the_same():
+    """``reads`` (here a function of the options, naming a column no point carries too): the
+    frame holds ``time`` and the columns read; a result column named like an unread tag is
+    still that tag, as it is for a UDF given every column."""
+    from udf_agent import Option, stream_udf
+    from udf_agent.compute.packed import StreamTasks
+    from udf_agent.compute.run import compute_stream
+
+    columns = {}
+
+    def call(df, ctx):
+        columns.setdefault(ctx.options["name"], set()).add(tuple(df.columns))
+        return pd.DataFrame({"twice": df[ctx.options["field"]] * 2.0, "region": "set"}, index=df.index)
+
+    options = [Option("field", str), Option("name", str)]
+    reading = stream_udf(options=options, reads=lambda options: [options["field"], "absent"], name="reading")(call)
+    every = stream_udf(options=options, name="every")(call)
+    tasks = StreamTasks.of_table(stream_tasks(rich_points(12)))
+    outputs = []
+    for spec in (reading, every):
+        results = compute_stream(Job(spec, {"field": "d", "name": spec.name}), tasks)
+        assert results.errors.all_missing(), results.errors.texts()
+        outputs.append([decode(output) for output in results.output.tolist()])
+    assert columns["reading"] == {("time", "d")}
+    assert all({"time", "host", "region", "b", "d", "i", "s"} <= set(frame) for frame in columns["every"])
+    assert outputs[0] == outputs[1] and {response.point.tags["region"] for group in outputs[0] for response in group} == {"set"}
+
+
+@pytest.mark.parametrize("reads", ["d", [1]], ids=["a-string", "not-names"])
+def test_reads_that_are_not_column_names_fail_at_init(reads):
+    from udf_agent import stream_udf
+    from udf_agent.api import BindError
+
+    spec = stream_udf(reads=reads, name="reading")(lambda df, ctx: df)
+    with pytest.raises(BindError, match="reads must be a list of column names"):
+        spec.bind([])
+
 def decoded_points_of(data, decoded):
     """``data``'s points decoded by the compiled codec (its numpy arrays), or by the reference
     (its Arrow table): the two ways a UDF's frame is made."""

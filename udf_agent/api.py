@@ -26,6 +26,7 @@ EDGES = ("stream", "batch")
 # Rows, a duration (a pandas.Timedelta is a timedelta), or what the options make of either.
 HistoryWindow = int | _dt.timedelta | None
 History = HistoryWindow | Callable[[OptionValues], HistoryWindow]
+Reads = Sequence[str] | Callable[[OptionValues], Sequence[str]] | None
 # A UDF's body: the group's rows and its context in, output rows (or None: no output) out.
 # What it returns is checked at run time, so a mistyped result gets a clear error, not a crash.
 UDFFunction = Callable[["pd.DataFrame", "Context"], Any]
@@ -74,6 +75,10 @@ class UDFSpec:
     # Called once per partition with many groups' rows (see Context.group_starts),
     # so nothing in the call scales with the number of groups.
     vectorized: bool = False
+    # The frame's columns the function reads (tags and fields, as the frame names them), or a
+    # function of the options giving them: the frame then holds ``time`` and those of them the
+    # points carry, and is quicker to make. None: every tag and field.
+    reads: Reads = None
     # Checks the options together, at Init: None when fine, else the problem (a string).
     check_options: Callable[[OptionValues], str | None] | None = None
     # A target that names its function in its options (``stream_fn``, ``batch_fn``): at Init,
@@ -111,11 +116,21 @@ class UDFSpec:
             if problem:
                 raise OptionsError([problem])
             spec.history_window(options)
+            spec.frame_columns(options)
         except OptionsError as exc:
             raise BindError(f"invalid options for UDF {spec.name!r}: {exc}") from exc
         except Exception as exc:
             raise BindError(f"UDF {spec.name!r} cannot start with these options: {exc}") from exc
         return spec, options
+
+    def frame_columns(self, options: OptionValues) -> frozenset[str] | None:
+        """The columns the UDF's frames hold besides ``time`` (``reads``), or None for all."""
+        columns = self.reads(options) if callable(self.reads) else self.reads
+        if columns is None:
+            return None
+        if isinstance(columns, str) or not all(isinstance(column, str) for column in columns):
+            raise TypeError(f"UDF {self.name!r}: reads must be a list of column names, got {columns!r}")
+        return frozenset(columns)
 
     def history_window(self, options: OptionValues) -> dict[str, int] | None:
         """The per-group history to keep: {"rows": n} or {"ns": duration}, or None."""
@@ -185,9 +200,11 @@ def stream_udf(
     compute: bool = True,
     vectorized: bool = False,
     check_options: Callable[[OptionValues], str | None] | None = None,
+    reads: Reads = None,
 ) -> Callable[[UDFFunction], UDFSpec]:
     """Declares a STREAM-in UDF called once per group of each micro-batch, or with
-    ``vectorized=True`` once per partition of it, many groups at a time."""
+    ``vectorized=True`` once per partition of it, many groups at a time. ``reads`` names the
+    columns its frames need (``UDFSpec.reads``)."""
 
     def wrap(function: UDFFunction) -> UDFSpec:
         return UDFSpec(
@@ -200,6 +217,7 @@ def stream_udf(
             compute=compute,
             vectorized=vectorized,
             check_options=check_options,
+            reads=reads,
             description=first_line(function.__doc__),
         )
 
@@ -212,8 +230,9 @@ def batch_udf(
     provides: str = "batch",
     name: str | None = None,
     compute: bool = True,
+    reads: Reads = None,
 ) -> Callable[[UDFFunction], UDFSpec]:
-    """Declares a BATCH-in UDF called once per Kapacitor batch."""
+    """Declares a BATCH-in UDF called once per Kapacitor batch; ``reads`` as ``stream_udf``'s."""
 
     def wrap(function: UDFFunction) -> UDFSpec:
         return UDFSpec(
@@ -223,6 +242,7 @@ def batch_udf(
             provides=provides,
             options=tuple(options),
             compute=compute,
+            reads=reads,
             description=first_line(function.__doc__),
         )
 
@@ -232,7 +252,7 @@ def batch_udf(
 class UDF:
     """Base class for UDFs written as classes.
 
-    Subclasses set ``wants``, ``provides``, ``options`` and ``history`` as class
+    Subclasses set ``wants``, ``provides``, ``options``, ``history`` and ``reads`` as class
     attributes and implement ``process(self, df, ctx)``. One instance is made
     per worker process and reused; keep per-group state in ``ctx.state``.
     """
@@ -241,6 +261,7 @@ class UDF:
     provides: str = "stream"
     options: Sequence[Option] = ()
     history: History = None
+    reads: Reads = None
 
     def process(self, df: pd.DataFrame, ctx: Context) -> Any:
         raise NotImplementedError
@@ -254,6 +275,7 @@ class UDF:
             provides=cls.provides,
             options=tuple(cls.options),
             history=cls.history,
+            reads=cls.reads,
             description=first_line(cls.__doc__),
         )
 

@@ -109,3 +109,8 @@ class Job:
     def history_window(self) -> dict[str, int] | None:
         """The history every group of the job keeps (``UDFSpec.history_window``)."""
         return self.spec.history_window(self.option_values())
+
+    @cached_property
+    def frame_columns(self) -> frozenset[str] | None:
+        """The columns the job's frames hold besides ``time`` (``UDFSpec.frame_columns``)."""
+        return self.spec.frame_columns(self.option_values())

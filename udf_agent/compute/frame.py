@@ -30,15 +30,16 @@ class Layout:
     tag_columns: dict[str, str]  # user column -> tag key
 
 
-def user_frame(points: DecodedPoints) -> tuple[pd.DataFrame, Layout]:
-    """``time`` (UTC timestamps), one column per tag, one per field.
+def user_frame(points: DecodedPoints, reads: frozenset[str] | None = None) -> tuple[pd.DataFrame, Layout]:
+    """``time`` (UTC timestamps), one column per tag, one per field; of them only those in
+    ``reads`` if given (the UDF's ``reads``).
 
     A tag that shares its name with a field (or with ``time``) is shown as
     ``tag:NAME``, a field called ``time`` as ``field:time``. The index, named
     ``input_row``, numbers the rows. A field sent with different types in one frame becomes one
     object column holding each point's own value.
     """
-    plan = _plan(tuple(points.names))
+    plan = _plan(tuple(points.names), reads)
     columns: dict[str, Any] = {TIME_COLUMN: _utc_times(points.times)}
     for user_name, sources in plan.columns:
         if len(sources) == 1:
@@ -70,13 +71,14 @@ class _Plan:
     which are tags."""
 
     columns: tuple[tuple[str, tuple[str, ...]], ...]
-    tag_columns: tuple[tuple[str, str], ...]  # user column, tag key
+    # User column, tag key: every tag, read or not, so a result's columns mean the same either way.
+    tag_columns: tuple[tuple[str, str], ...]
 
 
 @lru_cache(maxsize=256)
-def _plan(names: tuple[str, ...]) -> _Plan:
-    """One per set of decoded column names (a task sends the same few): working the names out
-    took a third of a small frame's cost."""
+def _plan(names: tuple[str, ...], reads: frozenset[str] | None) -> _Plan:
+    """One per set of decoded column names (a task sends the same few) and of columns read:
+    working the names out took a third of a small frame's cost."""
     field_kinds: dict[str, list[str]] = {}
     for name in names:
         prefix = cols.column_prefix(name) if ":" in name else ""
@@ -92,6 +94,8 @@ def _plan(names: tuple[str, ...]) -> _Plan:
     for key, sources in sorted(field_kinds.items()):
         # A field may be called "time" (Kapacitor allows it); the time column keeps the name.
         columns.append((FIELD_COLUMN_PREFIX + key if key == TIME_COLUMN else key, tuple(sources)))
+    if reads is not None:
+        columns = [column for column in columns if column[0] in reads]
     return _Plan(tuple(columns), tuple(tag_columns))
 
 

@@ -134,7 +134,7 @@ def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.n
 def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: pointcodec.Headers, groups: _Groups) -> tuple[bytes, np.ndarray, np.ndarray]:
     """The output frames of every group, group after group; where each group's begin
     (and the end), and how many points each group emitted."""
-    frame, layout = user_frame(points)
+    frame, layout = user_frame(points, job.frame_columns)
     ctx = Context(
         options=job.option_values(),
         group="",
@@ -190,7 +190,7 @@ def _run_stream_task(job: Job, task: Task) -> tuple[bytes, bytes | None, str | N
 
 def _call_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int) -> tuple[bytes, int, str | None]:
     """Calls the UDF on one group's rows (row ``first`` on in ``headers``): (output, points, state)."""
-    frame, layout = user_frame(points)
+    frame, layout = user_frame(points, job.frame_columns)
     data = points.table
     last = data.num_rows - 1
     dims = data.column(cols.DIMENSIONS)[last].as_py()
@@ -229,7 +229,7 @@ def _call_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec
 
 def _run_batch_task(job: Job, task: Task) -> tuple[bytes, None, str | None, int]:
     decoded, _ = pointcodec.decode_with_headers(task.data)
-    frame, layout = user_frame(decoded)
+    frame, layout = user_frame(decoded, job.frame_columns)
     data = decoded.table
     ctx = Context(
         options=job.option_values(),

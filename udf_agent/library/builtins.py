@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from udf_agent.api import Context, UDFSpec, batch_udf, stream_udf
+from udf_agent.library.frames import field_read
 from udf_agent.options import Option, at_least, field_name, positive
 
 if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
@@ -28,6 +29,7 @@ mirror = UDFSpec(name="mirror", function=_echo, compute=False, passthrough=True,
     ],
     history=lambda options: options["size"] - 1,
     vectorized=True,
+    reads=field_read,
 )
 def moving_avg(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, the mean of the last `size` values of `field`, for every point.

@@ -9,6 +9,14 @@ if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent lis
     import numpy as np
     import pandas as pd
 
+    from udf_agent.options import OptionValues
+
+
+def field_read(options: OptionValues) -> list[str]:
+    """``reads`` of a UDF that reads the column its ``field`` option names and no other: its
+    frames are made without the rest (the other fields, the tags' strings)."""
+    return [options["field"]]
+
 
 def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
     """FIELD as a float64 array, NaN where a point lacks it or holds something other than a number."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from udf_agent.api import Context, stream_udf
-from udf_agent.library.frames import numeric_field, places_in_groups
+from udf_agent.library.frames import field_read, numeric_field, places_in_groups
 from udf_agent.options import Option, OptionValues, field_name, positive
 
 if TYPE_CHECKING:  # imported on the Info path (Kapacitor's Info, `udf-agent list`): pandas loads with the first call
@@ -45,6 +45,7 @@ def _one_of_alpha_or_span(options: OptionValues) -> str | None:
         Option("as", str, default="ewma", validate=field_name, help="name of the output field"),
     ],
     check_options=_one_of_alpha_or_span,
+    reads=field_read,
 )
 def ewma(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, the exponentially weighted moving average of `field`, for every point.
@@ -112,7 +113,7 @@ def _past_and_present(df: pd.DataFrame, ctx: Context) -> tuple[np.ndarray, np.nd
 
 # The point itself stays out of its window: with it, |z| can never exceed (n - 1) / sqrt(n)
 # (2.85 for 10 points), and an outlier would widen the very spread it is measured by.
-@stream_udf(options=_score_options("zscore", 3.0), history=lambda options: options["size"], vectorized=True)
+@stream_udf(options=_score_options("zscore", 3.0), history=lambda options: options["size"], vectorized=True, reads=field_read)
 def zscore(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, each point's z-score against the `size` values of `field` before it:
     (x - mean) / sample standard deviation, and whether |z| > threshold."""
@@ -132,7 +133,7 @@ def zscore(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
 MAD_SCALE = 0.6745
 
 
-@stream_udf(options=_score_options("mad", 3.5), history=lambda options: options["size"], vectorized=True)
+@stream_udf(options=_score_options("mad", 3.5), history=lambda options: options["size"], vectorized=True, reads=field_read)
 def mad(df: pd.DataFrame, ctx: Context) -> pd.DataFrame | None:
     """Per group, each point's robust score against the `size` values of `field` before it:
     0.6745 (x - median) / MAD, and whether |score| > threshold."""
