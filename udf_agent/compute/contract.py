@@ -103,6 +103,11 @@ class Job:
     node_id: str = ""
 
     def option_values(self) -> OptionValues:
+        return self._option_values
+
+    @cached_property
+    def _option_values(self) -> OptionValues:
+        # One made for all the job's calls: they are read-only.
         return OptionValues(self.options, duration_positions(self.spec.options))
 
     @cached_property

@@ -147,9 +147,8 @@ def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: 
     if ctx.state:
         raise TypeError("a vectorized UDF keeps no ctx.state")
     # Rows each group had before this micro-batch: their results are dropped.
-    group_of_row = np.repeat(np.arange(len(keys)), np.diff(groups.starts))
-    seen = groups.starts[:-1] + np.asarray(groups.history_rows, np.int64)
-    encoded = encode_rows_of(result, headers, layout, points.num_rows, seen[group_of_row])
+    seen = np.repeat(groups.starts[:-1] + np.asarray(groups.history_rows, np.int64), np.diff(groups.starts))
+    encoded = encode_rows_of(result, headers, layout, points.num_rows, seen)
     if encoded is None:
         raise TypeError(
             "a vectorized UDF must return one row per input row (keep df's index) with float, int or bool "
