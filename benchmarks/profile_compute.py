@@ -1,13 +1,14 @@
 """cProfile of the agent's compute thread in place: moving_avg on its own Spark fed 1,000
 points/s, one point per write, as ``run.py --cases latency`` feeds it, with every micro-batch's
-``MicroBatchRunner._compute`` profiled inside the agent's process.
+``MicroBatchRunner._compute`` (or, ``--what read-ahead``, every ``Inbox.read_ahead``: the
+compute thread reading the input between two micro-batches) profiled inside the agent's process.
 
-    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative]
+    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative] [--what compute|read-ahead]
 
-Prints the run's p50 / p99 and the profile's top functions, and how many micro-batches it
-covers: divide a function's time by them for its cost a micro-batch (under the profiler, which
-inflates Python calls several times). The time in ``recv_into`` is the wait for the resident
-worker. What the profile of the worker's side looks like in a loop: docs/hot-path.md.
+Prints the run's p50 / p99 and the profile's top functions, and how many calls it covers:
+divide a function's time by them for its cost a call (under the profiler, which inflates
+Python calls several times). The time in ``recv_into`` is the wait for the resident worker.
+What the profile of the worker's side looks like in a loop: docs/hot-path.md.
 """
 
 from __future__ import annotations
@@ -26,22 +27,29 @@ import time
 DUMP_INTERVAL = 1.0
 
 
-def _profiled_agent(path: str, agent_args: list[str]) -> None:
-    """Runs the agent with ``agent_args``, its compute thread's micro-batches profiled into ``path``."""
+# What ``--what`` profiles: the class and method, each call of which is profiled.
+PROFILED = {"compute": ("udf_agent.runtime.runner", "MicroBatchRunner", "_compute"), "read-ahead": ("udf_agent.runtime.inbox", "Inbox", "read_ahead")}
+
+
+def _profiled_agent(path: str, what: str, agent_args: list[str]) -> None:
+    """Runs the agent with ``agent_args``, each call of what ``what`` names profiled into ``path``."""
+    import importlib
+
     from udf_agent.entry import main
-    from udf_agent.runtime.runner import MicroBatchRunner
 
+    module, cls_name, name = PROFILED[what]
+    cls = getattr(importlib.import_module(module), cls_name)
     profile = cProfile.Profile()
-    compute = MicroBatchRunner._compute
+    original = getattr(cls, name)
 
-    def profiled(self: MicroBatchRunner, batch: object) -> None:
+    def profiled(self: object, *args: object) -> object:
         profile.enable()
         try:
-            compute(self, batch)  # type: ignore[arg-type]
+            return original(self, *args)
         finally:
             profile.disable()
 
-    MicroBatchRunner._compute = profiled  # type: ignore[method-assign]
+    setattr(cls, name, profiled)
 
     def dump() -> None:
         while True:
@@ -54,8 +62,8 @@ def _profiled_agent(path: str, agent_args: list[str]) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--profiled-agent":
-        _profiled_agent(sys.argv[2], sys.argv[3:])
+    if len(sys.argv) > 3 and sys.argv[1] == "--profiled-agent":
+        _profiled_agent(sys.argv[2], sys.argv[3], sys.argv[4:])
         return
     from benchmarks.driver import run_paced
     from benchmarks.run import ENGINE_READY_LOG, Settings, _with_metrics, ours
@@ -65,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
+    parser.add_argument("--what", default="compute", choices=sorted(PROFILED), help="what is profiled: each micro-batch, or each read between two")
     args = parser.parse_args()
     rate, settings = 1_000.0, Settings()
     workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
@@ -72,13 +81,14 @@ def main() -> None:
         path = os.path.join(directory, "compute.prof")
         command, metrics_url = _with_metrics(ours("moving_avg", settings))
         python, _, _, *agent_args = command.argv  # python -m udf_agent ARGS...
-        command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.profile_compute", "--profiled-agent", path, *agent_args])
+        command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.profile_compute", "--profiled-agent", path, args.what, *agent_args])
         result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG, metrics_url)
         if result.latency is None or not os.path.exists(path):
             sys.exit(f"the run failed: {result.status} {result.error or ''}")
         stats = pstats.Stats(path)
-        calls = next((entry[1] for key, entry in stats.stats.items() if key[2] == "_compute"), 0)  # type: ignore[attr-defined]
-        print(f"p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms; {calls} micro-batches profiled")
+        profiled = PROFILED[args.what][2]
+        calls = next((entry[1] for key, entry in stats.stats.items() if key[2] == profiled), 0)  # type: ignore[attr-defined]
+        print(f"p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms; {calls} calls of {profiled} profiled")
         stats.sort_stats(args.sort).print_stats(args.top)
 
 

@@ -385,3 +385,15 @@ def test_cycle_stages_times_each_micro_batch_of_an_agent_from_its_first_read_to_
     assert all(value >= 0 for values in found.values() for value in values)
     assert all(cycle >= engine for cycle, engine in zip(found["cycle"], found["engine"][-len(found["cycle"]):]))
     assert "| engine |" in cycle_stages.table(found)
+
+
+def test_every_choice_of_profile_computes_what_names_a_method_of_the_agent():
+    """``--what`` patches the method it names inside the agent: a renamed one would leave the
+    profile empty, not fail."""
+    import importlib
+
+    from benchmarks import profile_compute
+
+    assert sorted(profile_compute.PROFILED) == ["compute", "read-ahead"]
+    for module, cls_name, name in profile_compute.PROFILED.values():
+        assert callable(getattr(getattr(importlib.import_module(module), cls_name), name)), (cls_name, name)

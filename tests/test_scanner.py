@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from udf_agent import udf_pb2
 from udf_agent.wire.frames import FrameSplitter, PointRun, ProtocolError, RequestRun, encode_frame, encode_varint, point_group, request_point
-from udf_agent.wire.scanner import POINT, RUN_BYTES, FastFrameSplitter, RequestRunSplitter, _runs, scan
+from udf_agent.wire.scanner import POINT, RUN_BYTES, FastFrameSplitter, RequestRunSplitter, _scan, _scan_runs
 
 
 def expand(pieces):
@@ -174,6 +174,15 @@ def test_random_streams_agree_with_the_reference():
     assert expand(pieces) == reference(stream)
 
 
+class _Scanned:
+    """``scanner._scan``'s arrays for the whole frames of ``stream``."""
+
+    def __init__(self, stream):
+        arrays = [np.empty(len(stream), dtype) for dtype in (np.int64, np.int64, np.int8, np.int64, np.int64)]
+        self.count, _, _ = _scan(np.frombuffer(bytearray(stream), np.uint8), 1 << 20, *arrays)
+        self.body_start, self.body_end, self.kind, self.group_start, self.group_end = (array[: self.count] for array in arrays)
+
+
 def _runs_twin(found, run_bytes):
     """``scanner._runs``'s twin: the numpy calls it replaced."""
     is_point = found.kind == POINT
@@ -192,8 +201,9 @@ def _runs_twin(found, run_bytes):
 @pytest.mark.parametrize("run_bytes", [64, 1000, RUN_BYTES])
 def test_runs_and_offsets_are_their_numpy_twins(run_bytes):
     stream = sample_stream() * 3 + b"".join(encode_frame(udf_pb2.Request(point=udf_pb2.Point(time=t, name="m", group="g=" + "x" * (t % 50)))) for t in range(400))
-    found = scan(bytearray(stream), 1 << 20, len(stream))
-    edges, points, groups = _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, run_bytes)
+    found = _Scanned(stream)
+    count, consumed, _, body_start, body_end, kind, edges, points, groups = _scan_runs(np.frombuffer(bytearray(stream), np.uint8), 1 << 20, len(stream), run_bytes)
+    assert (count, consumed) == (found.count, len(stream)) and np.array_equal(body_end, found.body_end) and np.array_equal(kind, found.kind)
     twin_edges, twin_points, twin_groups = _runs_twin(found, run_bytes)
     assert edges.tolist() == twin_edges
     point = found.kind == POINT  # a frame that is no point has no point span to compare

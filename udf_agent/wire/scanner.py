@@ -11,7 +11,6 @@ Compiled once per machine into numba's cache; ``warm_up`` loads it off the Info 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -266,39 +265,9 @@ def arrival_order(output: bytes, arrival: np.ndarray) -> tuple[bytes, np.ndarray
     return (data.tobytes(), ends) if whole else None
 
 
-@dataclass
-class Frames:
-    """The whole frames at the start of a buffer, column by column."""
-
-    count: int
-    consumed: int
-    outcome: int
-    body_start: np.ndarray
-    body_end: np.ndarray
-    kind: np.ndarray
-    group_start: np.ndarray
-    group_end: np.ndarray
-
-
-def scan(buffer: Any, limit: int, capacity: int) -> Frames:
-    """Scans up to ``capacity`` whole frames at the start of ``buffer`` (bytes-like)."""
-    view = np.frombuffer(buffer, dtype=np.uint8)
-    body_start = np.empty(capacity, np.int64)
-    body_end = np.empty(capacity, np.int64)
-    kind = np.empty(capacity, np.int8)
-    group_start = np.empty(capacity, np.int64)
-    group_end = np.empty(capacity, np.int64)
-    count, consumed, outcome = _scan(view, limit, body_start, body_end, kind, group_start, group_end)
-    return Frames(
-        count, consumed, outcome,
-        body_start[:count], body_end[:count], kind[:count], group_start[:count], group_end[:count],
-    )
-
-
 def warm_up() -> None:
     """Compiles (or loads from numba's cache) the scanner, so the first data read does not wait."""
-    found = scan(bytearray(b"\x02\x0a\x00"), 1024, 4)  # a bytearray, as the reader's buffer is: one compiled signature
-    _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, RUN_BYTES)
+    _scan_runs(np.frombuffer(bytearray(b"\x02\x0a\x00"), np.uint8), 1024, 4, RUN_BYTES)  # a bytearray, as the reader's buffer is: one compiled signature
     _handler_run(np.frombuffer(bytearray(b"\x00"), np.uint8), 0, 1024)
     spans = np.array([[0, 1]], np.int64)
     first_invalid_group(b"g", spans)
@@ -322,17 +291,18 @@ class FastFrameSplitter(FrameSplitter):
         while self._buffer:
             buffer = self._buffer
             capacity = len(buffer) // 16 + 16
-            found = scan(buffer, self.max_frame_size, capacity)
-            _append_pieces(buffer, found, pieces)
-            del buffer[: found.consumed]
-            if found.outcome != OK:
-                number = self.frames + found.count + 1
-                self.frames += found.count
-                reason = "declares a length above the" if found.outcome == TOO_LONG else "starts with a malformed varint length"
-                detail = f" {self.max_frame_size}-byte limit" if found.outcome == TOO_LONG else ""
+            count, consumed, outcome, body_start, body_end, kind, edges, points, groups = _scan_runs(np.frombuffer(buffer, np.uint8), self.max_frame_size, capacity, RUN_BYTES)
+            if count:
+                _append_pieces(buffer, body_start, body_end, kind, edges, points, groups, pieces)
+            del buffer[:consumed]
+            if outcome != OK:
+                number = self.frames + count + 1
+                self.frames += count
+                reason = "declares a length above the" if outcome == TOO_LONG else "starts with a malformed varint length"
+                detail = f" {self.max_frame_size}-byte limit" if outcome == TOO_LONG else ""
                 raise ProtocolError(f"frame {number} {reason}{detail}", pieces)
-            self.frames += found.count
-            if found.count < capacity:
+            self.frames += count
+            if count < capacity:
                 break
         return pieces
 
@@ -342,18 +312,16 @@ class FastFrameSplitter(FrameSplitter):
 RUN_BYTES = 128 * 1024
 
 
-def _append_pieces(buffer: bytearray, found: Frames, pieces: list[Piece]) -> None:
-    if not found.count:
-        return
-    edges, points, groups = _runs(found.body_start, found.body_end, found.kind, found.group_start, found.group_end, RUN_BYTES)
+def _append_pieces(buffer: bytearray, body_start: Any, body_end: Any, kind: Any, edges: Any, points: Any, groups: Any, pieces: list[Piece]) -> None:
+    """The scanned frames' pieces (``_scan_runs``): a run of points as one ``PointRun``, any other frame as its body."""
     bounds = edges.tolist()
     for first, stop in zip(bounds[:-1], bounds[1:]):
-        if found.kind[first] == POINT:
-            offset = int(found.body_end[first - 1]) if first else 0
-            frames = bytes(buffer[offset : int(found.body_end[stop - 1])])
+        if kind[first] == POINT:
+            offset = int(body_end[first - 1]) if first else 0
+            frames = bytes(buffer[offset : int(body_end[stop - 1])])
             pieces.append(PointRun(frames, stop - first, points[first:stop], groups[first:stop]))
         else:
-            for start, end in zip(found.body_start[first:stop].tolist(), found.body_end[first:stop].tolist()):
+            for start, end in zip(body_start[first:stop].tolist(), body_end[first:stop].tolist()):
                 pieces.append(bytes(buffer[start:end]))
 
 
@@ -386,6 +354,22 @@ def _runs(body_start: Any, body_end: Any, kind: Any, group_start: Any, group_end
     edges[runs + 1] = count
     return edges[: runs + 2], points, groups
 
+
+
+@njit(cache=True, nogil=True)
+def _scan_runs(buf: Any, limit: int, capacity: int, run_bytes: int) -> tuple[Any, ...]:
+    """``_scan`` (up to ``capacity`` whole frames at the start of ``buf``) then ``_runs``, in one
+    call: (frames found, bytes consumed, outcome, each frame's body start and end and kind,
+    then ``_runs``' edges, points and groups). A read at a trickle made eight numpy calls and
+    two compiled ones for them."""
+    body_start = np.empty(capacity, np.int64)
+    body_end = np.empty(capacity, np.int64)
+    kind = np.empty(capacity, np.int8)
+    group_start = np.empty(capacity, np.int64)
+    group_end = np.empty(capacity, np.int64)
+    count, consumed, outcome = _scan(buf, limit, body_start, body_end, kind, group_start, group_end)
+    edges, points, groups = _runs(body_start[:count], body_end[:count], kind[:count], group_start[:count], group_end[:count], run_bytes)
+    return count, consumed, outcome, body_start[:count], body_end[:count], kind[:count], edges, points, groups
 
 class RequestRunSplitter(FrameSplitter):
     """``FrameSplitter``'s contract for a Kapacitor Handler script's session: each run of
