@@ -11,7 +11,7 @@ Compiled once per machine into numba's cache; ``warm_up`` loads it off the Info 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -291,7 +291,7 @@ class FastFrameSplitter(FrameSplitter):
         while self._buffer:
             buffer = self._buffer
             capacity = len(buffer) // 16 + 16
-            count, consumed, outcome, body_start, body_end, kind, edges, points, groups = _scan_runs(np.frombuffer(buffer, np.uint8), self.max_frame_size, capacity, RUN_BYTES)
+            count, consumed, outcome, body_start, body_end, kind, edges, points, groups = scan(buffer, self.max_frame_size, capacity)
             if count:
                 _append_pieces(buffer, body_start, body_end, kind, edges, points, groups, pieces)
             del buffer[:consumed]
@@ -360,16 +360,39 @@ def _runs(body_start: Any, body_end: Any, kind: Any, group_start: Any, group_end
 def _scan_runs(buf: Any, limit: int, capacity: int, run_bytes: int) -> tuple[Any, ...]:
     """``_scan`` (up to ``capacity`` whole frames at the start of ``buf``) then ``_runs``, in one
     call: (frames found, bytes consumed, outcome, each frame's body start and end and kind,
-    then ``_runs``' edges, points and groups). A read at a trickle made eight numpy calls and
-    two compiled ones for them."""
+    then ``_runs``' edges, points and groups, none if ``run_bytes`` is 0). A read at a trickle
+    made eight numpy calls and two compiled ones for them."""
     body_start = np.empty(capacity, np.int64)
     body_end = np.empty(capacity, np.int64)
     kind = np.empty(capacity, np.int8)
     group_start = np.empty(capacity, np.int64)
     group_end = np.empty(capacity, np.int64)
     count, consumed, outcome = _scan(buf, limit, body_start, body_end, kind, group_start, group_end)
-    edges, points, groups = _runs(body_start[:count], body_end[:count], kind[:count], group_start[:count], group_end[:count], run_bytes)
+    if run_bytes > 0:
+        edges, points, groups = _runs(body_start[:count], body_end[:count], kind[:count], group_start[:count], group_end[:count], run_bytes)
+    else:
+        edges, points, groups = np.zeros(1, np.int64), np.empty((0, 2), np.int64), np.empty((0, 2), np.int64)
     return count, consumed, outcome, body_start[:count], body_end[:count], kind[:count], edges, points, groups
+
+
+class Scanned(NamedTuple):
+    """The whole frames at the start of a buffer (``scan``), and their runs (``_runs``)."""
+
+    found: int
+    consumed: int
+    outcome: int
+    body_start: np.ndarray
+    body_end: np.ndarray
+    kind: np.ndarray
+    edges: np.ndarray
+    points: np.ndarray
+    groups: np.ndarray
+
+
+def scan(buffer: Any, limit: int, capacity: int, run_bytes: int = RUN_BYTES) -> Scanned:
+    """Up to ``capacity`` whole frames at the start of ``buffer`` (bytes-like), none longer than
+    ``limit``; their runs unless ``run_bytes`` is 0."""
+    return Scanned(*_scan_runs(np.frombuffer(buffer, np.uint8), limit, capacity, run_bytes))
 
 class RequestRunSplitter(FrameSplitter):
     """``FrameSplitter``'s contract for a Kapacitor Handler script's session: each run of
