@@ -50,6 +50,9 @@ START_REPORT_INTERVAL = 5.0
 
 # How often a micro-batch whose Spark Connect session was lost tries to open a new one.
 REOPEN_INTERVAL = 1.0
+# A micro-batch asks whether Spark's JVM died (a waitpid) when the last one asked this long
+# ago or more, or when it failed: not a system call every micro-batch at a trickle.
+JVM_CHECK_INTERVAL = 0.1
 
 
 class SparkEngine:
@@ -68,6 +71,7 @@ class SparkEngine:
         self._ready = threading.Event()
         self._resident: ResidentWorkers | None = None
         self._fell_back = False
+        self._jvm_checked_at = float("-inf")
         self._fallbacks = itertools.count()
         if session is not None:
             self._start_dispatch(session)
@@ -139,7 +143,7 @@ class SparkEngine:
                     with session.in_use(on_lost=resident.stop if resident is not None else None):
                         return self._run(job, tasks, tenant)
                 except Exception:
-                    exit_code = self._jvm_exit_code()
+                    exit_code = self._jvm_exit_code(now=True)
                     if exit_code is not None:
                         self._replace_dead_jvm(exit_code)
                         raise
@@ -206,7 +210,12 @@ class SparkEngine:
             self._session = session
             log.info("a new Spark Connect session after %.1f s (%d attempt(s)): micro-batches run %s", time.monotonic() - started, attempts, self.name)
 
-    def _jvm_exit_code(self) -> int | None:
+    def _jvm_exit_code(self, now: bool = False) -> int | None:
+        """Spark's JVM's exit code if it died, asked ``JVM_CHECK_INTERVAL`` after the last time or ``now``; else None."""
+        at = time.monotonic()
+        if not now and at - self._jvm_checked_at < JVM_CHECK_INTERVAL:
+            return None
+        self._jvm_checked_at = at
         session = self._session
         return None if session is None else session.jvm_exit_code()
 

@@ -259,6 +259,8 @@ def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     task's micro-batch lets other tasks' parts run between its own)."""
     import numpy as np
 
+    if at_least <= 1 and (workers <= 1 or (isinstance(tasks, StreamTasks) and len(tasks.data.data) < 2 * SPLIT_BYTES)):
+        return [tasks]  # a trickle's micro-batch: its bytes of points are known without summing them
     sizes = np.cumsum(_points_bytes(tasks))
     total = int(sizes[-1]) if len(sizes) else 0
     if at_least <= 1 and (workers <= 1 or total < 2 * SPLIT_BYTES):
