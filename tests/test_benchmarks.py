@@ -321,10 +321,13 @@ def test_the_path_floor_udf_takes_moving_avgs_init_and_answers_every_point_with_
     from benchmarks.path_floor import zeros
     from udf_agent.compute.contract import Job
     from udf_agent.compute.engine import LocalEngine
+    from udf_agent.library.builtins import moving_avg
     from udf_agent.testing import option
 
     _, bound = zeros.bind([option(name, value) for name, value in MOVING_AVG_OPTIONS])
     assert dict(bound.raw()) == dict(MOVING_AVG_OPTIONS)
+    # Frames of the same columns as moving_avg's: the path is the one moving_avg takes.
+    assert zeros.frame_columns(bound) == moving_avg.frame_columns(bound) == {"usage_user"}
     points = rich_points(30)
     results = LocalEngine().run(Job(zeros, dict(bound.raw())), stream_tasks(points)).to_pandas()
     out = [response.point for output in results["output"] for response in decode(output)]

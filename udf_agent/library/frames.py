@@ -23,13 +23,17 @@ def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
     import numpy as np
     import pandas as pd
 
-    if field not in df:
+    columns = df.columns
+    if field not in columns:
         return np.full(len(df), np.nan)
-    column = df[field]
-    if column.dtype == np.float64:  # the usual case, and converting it would only copy it
-        floats: np.ndarray = column.to_numpy()
-        return floats
-    values: np.ndarray = pd.to_numeric(column, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    place = columns.get_loc(field)
+    if isinstance(place, int):
+        # The usual case, one float64 column of that name: its array as the frame holds it
+        # (``df[field]`` makes a Series first, most of the cost at a trickle).
+        floats = df._get_column_array(place)
+        if floats.dtype == np.float64:
+            return np.asarray(floats)
+    values: np.ndarray = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
     return values
 
 
