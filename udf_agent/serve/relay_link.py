@@ -177,7 +177,7 @@ class ChunkSplitter:
         """Bytes of a chunk or record not yet whole."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> tuple[bytes, int, list[bytes], Checkpoint | None]:
+    def feed(self, data: bytes | memoryview) -> tuple[bytes, int, list[bytes], Checkpoint | None]:
         """The frames of every chunk ``data`` completes and how many of them are not keepalive
         replies, the log records it completes, each in order, up to the first checkpoint it
         completes, which comes last: feed ``b""`` again for what follows it (output after a
