@@ -259,12 +259,11 @@ def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     task's micro-batch lets other tasks' parts run between its own)."""
     import numpy as np
 
-    if at_least <= 1 and (workers <= 1 or (isinstance(tasks, StreamTasks) and len(tasks.data.data) < 2 * SPLIT_BYTES)):
-        return [tasks]  # a trickle's micro-batch: its bytes of points are known without summing them
-    sizes = np.cumsum(_points_bytes(tasks))
-    total = int(sizes[-1]) if len(sizes) else 0
+    # A packed slice's points lie in one buffer: its size is their bytes, without a sum.
+    total = len(tasks.data.data) if isinstance(tasks, StreamTasks) else int(np.sum(_points_bytes(tasks)))
     if at_least <= 1 and (workers <= 1 or total < 2 * SPLIT_BYTES):
         return [tasks]  # under 2 * SPLIT_BYTES of points: never worth splitting
+    sizes = np.cumsum(_points_bytes(tasks))
     parts = max(1, min(workers, tasks.num_rows, total // SPLIT_BYTES), min(at_least, tasks.num_rows))
     if parts == 1:
         return [tasks]

@@ -31,8 +31,8 @@ def numeric_field(df: pd.DataFrame, field: str) -> np.ndarray:
         # The usual case, one float64 column of that name: its array as the frame holds it
         # (``df[field]`` makes a Series first, most of the cost at a trickle).
         floats = df._get_column_array(place)
-        if floats.dtype == np.float64:
-            return np.asarray(floats)
+        if isinstance(floats, np.ndarray) and floats.dtype == np.float64:
+            return floats
     values: np.ndarray = pd.to_numeric(df[field], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
     return values
 

@@ -355,7 +355,6 @@ def _runs(body_start: Any, body_end: Any, kind: Any, group_start: Any, group_end
     return edges[: runs + 2], points, groups
 
 
-
 @njit(cache=True, nogil=True)
 def _scan_runs(buf: Any, limit: int, capacity: int, run_bytes: int) -> tuple[Any, ...]:
     """``_scan`` (up to ``capacity`` whole frames at the start of ``buf``) then ``_runs``, in one
@@ -393,6 +392,7 @@ def scan(buffer: Any, limit: int, capacity: int, run_bytes: int = RUN_BYTES) -> 
     """Up to ``capacity`` whole frames at the start of ``buffer`` (bytes-like), none longer than
     ``limit``; their runs unless ``run_bytes`` is 0."""
     return Scanned(*_scan_runs(np.frombuffer(buffer, np.uint8), limit, capacity, run_bytes))
+
 
 class RequestRunSplitter(FrameSplitter):
     """``FrameSplitter``'s contract for a Kapacitor Handler script's session: each run of
