@@ -129,7 +129,7 @@ class MicroBatchFigures:
     per_second: float
     points_each: float
     compute_ms: float  # mean, from taking a micro-batch to queueing its output
-    compute_share: float  # of the window, the compute thread busy with micro-batches
+    compute_share: float  # micro-batches' times summed, over the window (past 1 when they are chained)
 
 
 _COUNTED = ("udf_agent_micro_batches_total", "udf_agent_points_received_total", "udf_agent_compute_seconds_sum")

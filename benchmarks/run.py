@@ -462,7 +462,8 @@ class Bench:
                 ("micro-batches a second", batches.per_second, "/s"),
                 ("points a micro-batch", batches.points_each, "points"),
                 ("a micro-batch, taken to output queued (mean)", batches.compute_ms, "ms"),
-                ("compute thread busy with micro-batches", batches.compute_share * 100, "%"),
+                # Over 100 % when micro-batches are chained: one computes while the next is taken.
+                ("micro-batches under way (their times summed over the window)", batches.compute_share * 100, "%"),
             ):
                 self.rows.append(make_row("latency", f"{figure} {rate}", value, unit, note="the agent's metrics, same run" if unit == "/s" else ""))
 

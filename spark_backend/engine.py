@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -122,6 +122,19 @@ class SparkEngine:
         results = self._run_on_session(job, tasks, tenant)
         assert isinstance(results, ResultColumns)
         return results
+
+    def chain_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None, follow: Callable[[], StreamTasks | None]) -> Generator[ResultColumns, None, None]:
+        """``ResidentWorkers.chain_stream`` while the resident workers serve and the session is
+        sound; else ``run_stream`` of ``tasks`` alone (it reopens, relaunches or falls back to a
+        Spark job as a micro-batch needs). An error mid-chain ends it: the caller computes
+        what it did not answer with ``run_stream``."""
+        resident, session = self._resident, self._session
+        if not self._ready.is_set() or resident is None or session is None or self._fell_back or self._jvm_exit_code() is not None or session.lost(ask=False) is not None:
+            yield self.run_stream(job, tasks, tenant)
+            return
+        ship_by_value(job.spec)
+        with session.in_use(on_lost=resident.stop):
+            yield from resident.chain_stream(job, tasks, tenant, follow)
 
     def _run_on_session(self, job: Job, tasks: Tasks, tenant: Tenant | None) -> Results:
         exit_code = self._jvm_exit_code() if self._ready.is_set() else None

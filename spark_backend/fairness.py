@@ -103,6 +103,10 @@ class FairShares:
         state = self._tenants.get(tenant)
         return 0 if state is None else state.held
 
+    def others_waiting(self, tenant: Hashable) -> bool:
+        """Whether a tenant other than ``tenant`` waits for a slot."""
+        return any(state.waiting for key, state in self._tenants.items() if key != tenant)
+
     def share(self, slots: int, now: float) -> int:
         """How many slots each active tenant may hold."""
         return max(1, math.ceil(slots / max(1, self.active(now))))

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -38,8 +38,8 @@ import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
-from spark_backend.resident_protocol import JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, send_message
-from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost
+from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, send_message
+from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory
 from udf_agent.compute.contract import RESULT_SCHEMA, Job
 from udf_agent.compute.packed import ResultColumns, StreamTasks
 from udf_agent.wire.columns import message_table, table_message
@@ -66,6 +66,46 @@ class _Part:
     tasks: Tasks
     retry_of: str | None = None  # what was lost the first time
     fresh_after: float | None = None  # a retry runs on a worker that connected after this
+
+
+class _ChainPace:
+    """When a chain takes the next slice: as late as lets it reach the worker as the slice
+    before it ends, so that it holds what came meanwhile. Taken at once, a trickle's slices
+    were one point each, the worker never idle and each point waiting behind the slice before
+    it; taken after the answer, the worker waits for the agent's work between slices."""
+
+    # Weight of the newest figure in each running estimate.
+    WEIGHT = 0.2
+    # An answer read this long after the agent began to wait for it came while it waited:
+    # the slice's time is known. One read at once was there before: its time is at most that.
+    WAITED = 0.0001
+    # ... and the estimate is then lowered this much: a slice sent early waits in the socket,
+    # one sent late leaves the worker idle and would be timed long, then sent later still.
+    SHRINK = 0.9
+
+    def __init__(self) -> None:
+        self.computes: float | None = None  # the worker's seconds a slice
+        self.takes = 0.0  # the agent's seconds to take and send the next one
+
+    def wait_to_follow(self, began: float) -> None:
+        """Sleeps until the slice that began computing at ``began`` is about to end."""
+        if self.computes is None:
+            return
+        left = began + self.computes - self.takes - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    def followed(self, seconds: float) -> None:
+        self.takes += self.WEIGHT * (seconds - self.takes)
+
+    def answered(self, seconds: float, waited: bool) -> None:
+        """A slice took ``seconds`` from its start to its answer read; ``waited``: read as it came."""
+        if self.computes is None:
+            self.computes = seconds
+        elif waited or seconds < self.computes:
+            self.computes += self.WEIGHT * (seconds - self.computes)
+        else:
+            self.computes *= self.SHRINK
 
 
 # The task whose tenant is not named (a caller outside an agent: tests, benchmarks).
@@ -148,6 +188,92 @@ class ResidentWorkers:
         if len(results) == 1:
             return results[0]
         return ResultColumns.concat(results) if isinstance(tasks, StreamTasks) else pa.concat_tables(results)
+
+    def chain_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None, follow: Callable[[], StreamTasks | None]) -> Generator[ResultColumns, None, None]:
+        """Stream slices computed one after another on one worker, each sent while the one
+        before it computes, so the worker goes from one to the next without waiting for the
+        agent: the results of ``tasks``, then of each slice ``follow()`` gives (asked while one
+        slice is out; None ends the chain). The worker is held from the first send to the last
+        answer; the chain ends once another task waits for a worker. A slice worth splitting
+        is computed alone (``run``). A worker lost mid-chain: each slice it held is computed
+        again, in order, as a lost part is (once more, on a fresh worker)."""
+        if self._slots.stopped.is_set():
+            raise WorkerLost("the engine was stopped")
+        key: Hashable = tenant if tenant is not None else _ANONYMOUS
+        self._slots.await_first_worker()
+        share, at_least = self._grants.parts_for(key, tasks.num_rows)
+        if len(_split(tasks, share, at_least)) > 1:
+            yield self.run(job, tasks, tenant)
+            return
+        worker: Worker | None = self._grants.acquire(key, tenant, time.monotonic() + self.batch_timeout, block=True, fresh_after=None)
+        assert worker is not None  # a blocking acquire grants one or raises
+        # The slices out on the worker, in order, and when each began (or will begin) computing.
+        out: deque[tuple[StreamTasks, float]] = deque()
+        chaining = True
+        pace = _ChainPace()
+        sent = 0.0  # when the last slice chained was sent
+        try:
+            # Each slice is counted out before it is sent: a worker lost sending it owes it too.
+            out.append((tasks, time.monotonic()))
+            self._send(worker, job, _Part(0, tasks), out[0][1] + self.batch_timeout)
+            while out:
+                if chaining and len(out) == 1:
+                    pace.wait_to_follow(out[0][1])
+                    asked = time.monotonic()
+                    following = None if self._grants.others_waiting(key) else follow()
+                    if following is None:
+                        chaining = False
+                    else:
+                        out.append((following, out[0][1]))
+                        self._send(worker, job, _Part(0, following), out[0][1] + 2 * self.batch_timeout)
+                        sent = time.monotonic()
+                        pace.followed(sent - asked)
+                computing, began = out[0]
+                waiting = time.monotonic()
+                kind, payload = worker.exchange(began + self.batch_timeout, self.batch_timeout, worker.next_message)
+                answered = time.monotonic()
+                pace.answered(answered - began, answered - waiting > _ChainPace.WAITED)
+                out.popleft()
+                if out:  # the next slice computes from this answer on, or from its send if later
+                    out[0] = (out[0][0], max(answered, sent))
+                if kind == OVER_MEMORY:
+                    lost, worker = worker, None
+                    self._grants.lose(lost, key, tenant)
+                    raise WorkerOverMemory(f"UDF {job.spec.name!r}: {payload.decode(errors='replace')}")
+                if kind == FAILURE:
+                    raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
+                self._grants.measured(key, computing.num_rows, answered - began)
+                yield ResultColumns.unpack(payload)
+        except WorkerLost as lost:
+            if worker is None:
+                raise
+            lost_at, slot = time.monotonic(), worker.slot
+            work = f"UDF {job.spec.name!r}: a micro-batch of {out[0][0].num_rows} group(s)"
+            what = self._grants.lost_computing(worker, key, tenant, lost, f"UDF {job.spec.name!r}", work, None)
+            worker = None
+            log.warning("%s; slot %d launched again and the %d micro-batch(es) it held computed again", what, slot, len(out))
+            while out:
+                again, _ = out.popleft()
+                yield self._run_parts(job, [_Part(0, again, retry_of=what, fresh_after=lost_at)], key, tenant)[0]
+        finally:
+            if worker is not None:
+                self._settle_chain(worker, out, key, tenant)
+
+    def _settle_chain(self, worker: Worker, out: deque[tuple[StreamTasks, float]], key: Hashable, tenant: Tenant | None) -> None:
+        """The chain ends with ``out`` still on ``worker`` (a failure, or its caller stopped):
+        their answers are read and dropped, then the worker is given back (or up)."""
+        began = time.monotonic()
+        for _ in out:
+            try:
+                kind, _ = worker.exchange(began + self.batch_timeout, self.batch_timeout, worker.next_message)
+            except WorkerLost:
+                self._grants.lose(worker, key, tenant)
+                return
+            if kind == OVER_MEMORY:
+                self._grants.lose(worker, key, tenant)
+                return
+            began = time.monotonic()
+        self._grants.release(worker, key, tenant)
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A Handler script's requests, on the worker its handler lives on (``resident_handlers``)."""

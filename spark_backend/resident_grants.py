@@ -30,6 +30,12 @@ class WorkerGrants:
         with self._cond:
             return self._fair.held(key)
 
+    def others_waiting(self, key: Hashable) -> bool:
+        """Whether another task waits for a worker: a task sending micro-batch after micro-batch
+        to the worker it holds (``ResidentWorkers.chain_stream``) then gives it back."""
+        with self._cond:
+            return self._fair.others_waiting(key)
+
     def parts_for(self, key: Hashable, rows: int) -> tuple[int, int]:
         """The slots a micro-batch of ``rows`` groups may use now, and the parts it is cut
         into at least (a slow task's micro-batch lets other tasks' parts run between its own)."""

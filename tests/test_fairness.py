@@ -72,3 +72,16 @@ def test_tenants_idle_for_long_are_forgotten():
     shares.release("gone", 0.0)
     assert shares.active(ACTIVE_WINDOW * 7) == 0
     assert shares.held("gone") == 0 and "gone" not in shares._tenants
+
+
+def test_others_waiting_counts_only_the_other_tenants_waiters():
+    shares = FairShares()
+    shares.grant(shares.wait("a", 0.0), 0.0)
+    mine = shares.wait("a", 0.0)
+    assert not shares.others_waiting("a")  # its own waiter is no one else's
+    other = shares.wait("b", 0.0)
+    assert shares.others_waiting("a") and shares.others_waiting("b")
+    shares.withdraw(mine)
+    assert shares.others_waiting("a") and not shares.others_waiting("b")
+    shares.withdraw(other)
+    assert not shares.others_waiting("a")

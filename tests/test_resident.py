@@ -30,6 +30,7 @@ from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, 
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
+from udf_agent.compute.packed import StreamTasks
 from udf_agent.errors import first_line
 from udf_agent.library.builtins import moving_avg
 
@@ -468,3 +469,104 @@ def test_a_micro_batch_is_split_only_when_its_points_are_worth_it_or_a_share_ask
     assert len(parts) == 3 and sum(part.num_rows for part in parts) == small.num_rows
     big = stream_tasks(rich_points(40_000))
     assert len(_split(big, 2)) == 2 and len(_split(big, 1)) == 1
+
+
+def _by_group(points) -> list[list]:
+    """The points of each group, in the order the groups first come."""
+    groups: dict[str, list] = {}
+    for point in points:
+        groups.setdefault(point.group, []).append(point)
+    return list(groups.values())
+
+
+def _slices_by_group(points) -> list[StreamTasks]:
+    """One packed stream slice per group, in the order the groups first come."""
+    return [StreamTasks.of_table(stream_tasks(group)) for group in _by_group(points)]
+
+
+def _outputs(results) -> list[tuple]:
+    return [
+        (output, history, emitted)
+        for output, history, emitted in zip(results.output.tolist(), results.histories.tolist(), results.emitted.tolist())
+    ]
+
+
+def test_chained_slices_come_back_in_order_each_taken_while_the_one_before_computes(spark_engine):
+    resident = spark_engine.resident
+    job = Job(moving_avg, {"field": "i", "size": 3, "as": "avg"})
+    slices = _slices_by_group(rich_points(40))
+    assert len(slices) == 4
+    tenant = _Tenant()
+    following = list(slices[1:])
+    held_when_asked = []
+
+    def follow():
+        held_when_asked.append(resident.held_by(tenant))
+        return following.pop(0) if following else None
+
+    chained = list(resident.chain_stream(job, slices[0], tenant, follow))
+    local = LocalEngine()
+    assert [_outputs(results) for results in chained] == [_outputs(local.run_stream(job, tasks)) for tasks in slices]
+    # Each next slice was asked for with one out on the worker held, until None ended the chain.
+    assert held_when_asked == [1, 1, 1, 1]
+    assert resident.held_by(tenant) == 0
+
+
+def test_a_worker_lost_mid_chain_has_each_slice_it_held_computed_once_in_order(spark_engine):
+    resident = spark_engine.resident
+    launches = resident.launches
+    job = Job(sample.sleepy, {"seconds": 0.4})
+    slices = _slices_by_group(rich_points(40))
+    tenant = _Tenant()
+    following = list(slices[1:])
+
+    def follow():
+        if len(following) == 3:  # the first slice computes, the second is about to be sent
+            busy = [worker.pid for worker in resident._slots.workers() if worker.busy]
+            _after(0.2, lambda: _signal_all(busy, signal.SIGKILL))
+        return following.pop(0) if following else None
+
+    chained = list(resident.chain_stream(job, slices[0], tenant, follow))
+    echoed = [[r.point.time for r in decode(output)] for results in chained for output in results.output.tolist()]
+    # The two slices out on the lost worker, every point once, in order; then the chain ended,
+    # leaving the rest to its caller.
+    assert echoed == [[p.time for p in group] for group in _by_group(rich_points(40))[:2]]
+    assert len(following) == 2
+    assert resident.launches == launches + 1
+    assert resident.held_by(tenant) == 0
+
+
+def test_a_chain_gives_its_worker_back_once_another_task_waits_for_one(spark_engine):
+    """A task chaining slice after slice holds its worker only while no other task waits: with
+    the other slot busy, a third task's micro-batch waits for the chain's next slice at most."""
+    resident = spark_engine.resident
+    chaining, blocking, waiting = _Tenant(), _Tenant(), _Tenant()
+    slow = Job(sample.sleepy, {"seconds": 0.2})
+    slices = _slices_by_group(rich_points(40))
+    asked = []
+
+    def follow():
+        asked.append(time.monotonic())
+        return slices[len(asked) % len(slices)] if len(asked) < 30 else None
+
+    ended = {}
+
+    def run(name, tenant, job, tasks):
+        resident.run(job, tasks, tenant)
+        ended[name] = time.monotonic()
+
+    chain = threading.Thread(target=lambda: (list(resident.chain_stream(slow, slices[0], chaining, follow)), ended.setdefault("chain", time.monotonic())), daemon=True)
+    chain.start()
+    while not asked:
+        time.sleep(0.01)
+    blocker = threading.Thread(target=run, args=("blocker", blocking, Job(sample.sleepy, {"seconds": 2.0}), slices[0]), daemon=True)
+    blocker.start()
+    while not blocking.held or blocking.held[-1] == 0:
+        time.sleep(0.01)
+    run("waiting", waiting, Job(sample.sleepy, {"seconds": 0.05}), slices[1])
+    for thread in (chain, blocker):
+        thread.join(30)
+    # The waiting task went before the blocker's slot freed, and the chain stopped for it.
+    assert ended["waiting"] < ended["blocker"], ended
+    assert len(asked) < 30, len(asked)
+    assert ended["chain"] <= ended["waiting"] + 0.5, ended

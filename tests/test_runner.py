@@ -4,7 +4,11 @@ task's checkpoint schedule."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
+import pytest
+
+from udf_agent import udf_pb2
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import moving_avg
 from udf_agent.options import parse_options
@@ -17,6 +21,7 @@ from udf_agent.runtime.runner import MicroBatchRunner
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.testing import grouped_point, option
 from udf_agent.wire.batches import StreamMicroBatch
+from udf_agent.wire.frames import FrameDecoder
 
 WRITER_WAIT = 0.3
 
@@ -72,3 +77,91 @@ def test_a_relayed_tasks_checkpoints_are_due_by_time_or_by_input_and_a_slow_one_
     assert checkpoints.due(160.0, 2 * CHECKPOINT_INPUT_BYTES)
     checkpoints.took(0.001)  # a fast one: back to the interval
     assert checkpoints.interval == CHECKPOINT_INTERVAL
+
+
+class _Collecting:
+    """A writer that takes every frame at once."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
+        self.frames.append(frame)
+
+    def send_now(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+
+def _moving_avg_runner(engines: Engines) -> MicroBatchRunner:
+    runner = MicroBatchRunner(AgentConfig(), engines, _Collecting(), replies=None, labels=TaskLabels(), stats=TaskStats())  # type: ignore[arg-type]
+    runner.options = parse_options(moving_avg.options, [option("field", "value"), option("size", 2)])
+    runner.adopt(moving_avg)
+    return runner
+
+
+def _micro_batch(points: list[tuple[int, str]]) -> StreamMicroBatch:
+    batch = StreamMicroBatch(opened_at=time.monotonic())
+    for t, group in points:
+        point = grouped_point(t, group, float(t))
+        batch.append(point.group, point.SerializeToString())
+    return batch
+
+
+# The second shares no group with the first: chained behind it. The third shares "c" with the
+# second, still out when it is taken: computed after it, and the fourth chained behind it.
+CHAIN = [[(0, "a"), (1, "b")], [(2, "c")], [(3, "c"), (4, "a")], [(5, "d")]]
+
+
+def _run_chain(runner: MicroBatchRunner, taken: Callable[[], None] | None = None) -> list[bytes]:
+    batches = [_micro_batch(points) for points in CHAIN]
+
+    def take_next() -> StreamMicroBatch | None:
+        if taken is not None:
+            taken()
+        return batches.pop(0) if batches else None
+
+    runner.take_next = take_next
+    while batches:  # as the agent's compute loop takes what the runner left queued
+        runner.run(Compute(batches.pop(0)))
+    frames = runner.writer.frames  # type: ignore[attr-defined]
+    assert isinstance(frames, list)
+    return frames
+
+
+def _output_times(frames: list[bytes]) -> list[int]:
+    return [response.point.time for frame in frames for response in FrameDecoder(udf_pb2.Response).feed(frame)]
+
+
+@pytest.mark.spark
+def test_micro_batches_ready_while_one_computes_are_chained_unless_one_out_shares_a_group(spark_engine):
+    runner = _moving_avg_runner(Engines(lambda: spark_engine))
+    held = []
+    frames = _run_chain(runner, lambda: held.append(spark_engine.resident.held_by(runner.stats)))
+    # Each next micro-batch was taken while one computed on the worker the chain held.
+    assert held == [1, 1, 1, 1]
+    unchained = _moving_avg_runner(Engines(LocalEngine))
+    expected = []
+    for points in CHAIN:
+        unchained.run(Compute(_micro_batch(points)))
+    expected = unchained.writer.frames  # type: ignore[attr-defined]
+    assert b"".join(frames) == b"".join(expected)
+    assert _output_times(frames) == list(range(6))
+    assert runner.stats.micro_batches == len(CHAIN)
+
+
+class _ChainBreaksAfterOne(LocalEngine):
+    """Answers a chain's first slice and takes the next, then fails, as an engine whose worker
+    failed outside the UDF does."""
+
+    def chain_stream(self, job, tasks, tenant, follow):  # type: ignore[no-untyped-def]
+        following = follow()
+        yield self.run_stream(job, tasks, tenant)
+        if following is not None:
+            raise RuntimeError("resident worker 0 failed outside the UDF")
+
+
+def test_what_a_failed_chain_did_not_answer_is_computed_as_any_micro_batch_is():
+    runner = _moving_avg_runner(Engines(_ChainBreaksAfterOne))
+    frames = _run_chain(runner)
+    assert _output_times(frames) == list(range(6))  # nothing taken was lost, nothing twice
+    assert runner.stats.micro_batches == len(CHAIN)

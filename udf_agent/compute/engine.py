@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # pyarrow and the compute module load only when a micro-batch is computed
+if TYPE_CHECKING:
+    from collections.abc import Callable, Generator
+
+    # pyarrow and the compute module load only when a micro-batch is computed
     import pyarrow as pa
 
     from udf_agent.compute.contract import Job
@@ -54,6 +57,12 @@ class Engine(Protocol):
         """``run`` of a stream micro-batch's slice, tasks and results packed (``compute.packed``):
         what the agent hands a stream task's engine."""
 
+    def chain_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None, follow: Callable[[], StreamTasks | None]) -> Generator[ResultColumns, None, None]:
+        """``run_stream`` of ``tasks``, then of each slice ``follow()`` gives, the results of each
+        in turn: an engine that can sends the next slice while one computes (asking ``follow``
+        then; None ends the chain), so a trickle's micro-batches do not wait for the agent's
+        work between them. One that cannot gives ``tasks``' results alone, never asking."""
+
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A micro-batch of a Kapacitor Handler script's requests, fed to the task's handler
         where it lives (built there, or rebuilt, from ``call.rebuild`` when it is not)."""
@@ -87,6 +96,10 @@ class LocalEngine:
         from udf_agent.compute.run import compute_stream
 
         return compute_stream(job, tasks)
+
+    def chain_stream(self, job: Job, tasks: StreamTasks, tenant: Tenant | None, follow: Callable[[], StreamTasks | None]) -> Generator[ResultColumns, None, None]:
+        # In this process, nothing would compute while the agent works: no chain.
+        yield self.run_stream(job, tasks, tenant)
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         from udf_agent.compute.handlers import HandlerHosts

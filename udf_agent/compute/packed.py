@@ -147,13 +147,18 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
         raise ValueError(f"a packed message of {len(view)} bytes cannot hold {columns} columns of {count} rows")
     integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize).reshape(columns, count)
     numbers, lengths = list(integers[:number_columns]), integers[number_columns:]
-    # Each length is checked before any are summed: a sum of huge ones would wrap around.
-    if count and ((lengths < NONE).any() or (lengths > len(view)).any()):
-        raise ValueError("a packed message's lengths run past its bytes")
-    sizes = np.maximum(lengths, 0).sum(axis=1).tolist()
+    blobs, pos = [], header
+    if count:
+        # Each length is checked before any are summed: a sum of huge ones would wrap around.
+        # Two reductions over every length at once (each numpy call costs more than a
+        # trickle's few lengths do).
+        if int(lengths.min()) < NONE or int(lengths.max()) > len(view):
+            raise ValueError("a packed message's lengths run past its bytes")
+        sizes = np.maximum(lengths, 0).sum(axis=1).tolist()
+    else:
+        sizes = [0] * blob_columns
     if header + sum(sizes) > len(view):
         raise ValueError("a packed message's lengths run past its bytes")
-    blobs, pos = [], header
     for column, size in zip(lengths, sizes):
         blobs.append(Blobs(view[pos : pos + size], column))
         pos += size

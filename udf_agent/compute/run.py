@@ -82,15 +82,22 @@ def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
 def _histories_then_points(tasks: StreamTasks) -> tuple[bytes, np.ndarray]:
     """Each group's kept history then its new points, group after group, as one buffer; and
     where each of those parts begins (then the end)."""
-    histories, data = tasks.histories, tasks.data
-    history_lengths, data_lengths = np.maximum(histories.lengths, 0), data.lengths
+    histories, data = tasks.histories.data, tasks.data.data
     parts: list[memoryview] = []
-    for history_end, history_length, data_end, data_length in zip(histories.ends.tolist(), history_lengths.tolist(), data.ends.tolist(), data_lengths.tolist()):
-        parts.append(histories.data[history_end - history_length : history_end])
-        parts.append(data.data[data_end - data_length : data_end])
-    lengths = np.empty(2 * len(tasks), np.int64)
-    lengths[0::2], lengths[1::2] = history_lengths, data_lengths
-    return b"".join(parts), np.concatenate(([0], np.cumsum(lengths)))
+    bounds = [0]
+    history_at = data_at = joined = 0
+    # One walk over the lengths as Python ints: a trickle's few groups cost less so than
+    # the cumulative sums and views numpy would make of them.
+    for history_length, data_length in zip(tasks.histories.lengths.tolist(), tasks.data.lengths.tolist()):
+        history_length = max(history_length, 0)  # a group with no history yet
+        parts.append(histories[history_at : history_at + history_length])
+        parts.append(data[data_at : data_at + data_length])
+        history_at += history_length
+        data_at += data_length
+        bounds.append(joined + history_length)
+        joined += history_length + data_length
+        bounds.append(joined)
+    return b"".join(parts), np.array(bounds, np.int64)
 
 
 def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from udf_agent.api import UDFSpec
 from udf_agent.runtime.checkpoints import Checkpoints, CheckpointSink
@@ -33,6 +33,9 @@ from udf_agent.runtime.workqueue import Finish, InitReply, WorkQueue
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.guard import error_frame
+
+if TYPE_CHECKING:  # the task tables load with the first micro-batch, off the Info path
+    from udf_agent.runtime.tasks import MicroBatch
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Agent:
         self.inbox = Inbox(connection, self._work, self.writer, self.stats, self.config, self, relayed)
         # The compute thread's side: what it owns, no one else touches.
         self.runner = MicroBatchRunner(self.config, engines, self.writer, self.inbox.session, self.labels, self.stats, relayed)
+        self.runner.take_next = self._next_micro_batch
         # Set when input ends: accepted work is computed and written until then, no longer.
         self._drain_deadline: float | None = None
         self._failure: tuple[str, float] | None = None  # a protocol error's message and its reply deadline
@@ -273,6 +277,13 @@ class Agent:
             self._finish(f"udf-agent internal error: {type(exc).__name__}: {exc}")
         finally:
             self._compute_watch.set()  # the runner's wait ends
+
+    def _next_micro_batch(self) -> MicroBatch | None:
+        """While a micro-batch computes: the input the reader left for the compute thread read
+        ahead, and the next work if it is a micro-batch ready now (``MicroBatchRunner.take_next``)."""
+        self.inbox.read_ahead()
+        item = self._work.take_micro_batch_now(self.inbox.micro_batch_due, self.inbox.close_micro_batch)
+        return None if item is None else item.batch
 
     def _finish(self, error: str | None, code: int = 1) -> None:
         if error is not None:

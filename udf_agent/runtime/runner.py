@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # the compute contract loads with the first micro-batch, off 
 
     from udf_agent.compute.contract import Job
     from udf_agent.compute.engine import Engine
+    from udf_agent.compute.packed import ResultColumns, StreamTasks
     from udf_agent.options import OptionValues
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.handler_task import HandlerTask
@@ -72,6 +74,22 @@ class _Prepared:
     task_tables: Callable[[MicroBatch, GroupStore, WireKernels], TaskTables]  # by the edge the UDF wants
 
 
+@dataclass
+class _Link:
+    """A micro-batch the compute thread took: its task tables, the engine it runs on, when it
+    was taken, and what its slices gave."""
+
+    batch: MicroBatch
+    task_tables: TaskTables
+    engine: Engine
+    started: float
+    done: _Computed = field(default_factory=_Computed)
+
+
+def _no_next_micro_batch() -> MicroBatch | None:
+    return None
+
+
 class MicroBatchRunner:
     """Runs a task's work items, one at a time, on the compute thread; UDFError when the
     task cannot go on."""
@@ -90,8 +108,11 @@ class MicroBatchRunner:
         self.handler: HandlerTask | None = None  # a Kapacitor Handler script's task
         self._compute_batch: Callable[[MicroBatch], None] = self._not_adopted
         self._prepared: _Prepared | None = None  # the UDF's job and kind of task tables, at the first micro-batch
-        self.computing = 0  # points of the micro-batch being computed
+        self.computing = 0  # points of the micro-batches being computed
         self.abandoned = False  # the agent gave up waiting: drop the rest
+        # The next micro-batch, taken while one computes if it is the next work and ready now
+        # (the agent's: it reads the input ahead for it), to chain behind it on the engine.
+        self.take_next: Callable[[], MicroBatch | None] = _no_next_micro_batch
 
     def adopt(self, spec: UDFSpec) -> None:
         """The UDF the task serves (a stream_fn or batch_fn target's, once its Init named it):
@@ -139,25 +160,94 @@ class MicroBatchRunner:
         return _Prepared(Job(spec, self.options.raw(), self.labels.task_id, self.labels.node_id), task_tables_for(spec))
 
     def _compute(self, batch: MicroBatch) -> None:
+        link: _Link | None = self._take(batch)
+        while link is not None:
+            chained = link.task_tables.single_slice()
+            if chained is None:
+                self._compute_link(link)
+                return
+            link = self._compute_chain(link, chained)
+
+    def _take(self, batch: MicroBatch) -> _Link:
         spec = self._loaded()
         if self._prepared is None:
             self._prepared = self._prepare(spec)
-        job = self._prepared.job
         started = time.monotonic()
         self.stats.micro_batch_taken(started - batch.opened_at)
-        kernels = hotpath.kernels()
-        task_tables = self._prepared.task_tables(batch, self.groups, kernels)
-        engine = self.engines.engine_for(spec, batch.count)
-        self.computing = batch.count
-        done = _Computed()
+        task_tables = self._prepared.task_tables(batch, self.groups, hotpath.kernels())
+        return _Link(batch, task_tables, self.engines.engine_for(spec, batch.count), started)
+
+    def _job(self) -> Job:
+        assert self._prepared is not None  # made by the first _take
+        return self._prepared.job
+
+    def _compute_link(self, link: _Link) -> None:
+        """The micro-batch slice after slice, then its output."""
+        job = self._job()
+        self.computing = link.batch.count
         try:
-            for tasks in task_tables:
-                if not self._compute_slice(job, engine, tasks, task_tables, done) or self.abandoned:
+            for tasks in link.task_tables:
+                if not self._compute_slice(job, link.engine, tasks, link.task_tables, link.done) or self.abandoned:
                     break
         finally:
             self.computing = 0
-        if self.abandoned:
-            return
+        if not self.abandoned:
+            self._output(link)
+
+    def _compute_chain(self, first: _Link, tasks: StreamTasks) -> _Link | None:
+        """``first``'s one slice on its engine's chain (``Engine.chain_stream``), with each
+        micro-batch that is the next work and ready while one computes sent behind it, when its
+        engine is the same and none of its groups is in a micro-batch still out (its history
+        would be the one before that micro-batch); each output in turn. What the chain did
+        not answer (its engine failed) is computed as any micro-batch is. The micro-batch
+        taken and not chained, to compute next."""
+        job = self._job()
+        out: deque[tuple[_Link, StreamTasks]] = deque([(first, tasks)])
+        unchained: _Link | None = None
+
+        def follow() -> StreamTasks | None:
+            nonlocal unchained
+            if self.abandoned or unchained is not None:
+                return None
+            batch = self.take_next()
+            if batch is None:
+                return None
+            link = self._take(batch)
+            following = link.task_tables.single_slice() if link.engine is first.engine else None
+            if following is None or any(not set(following.keys).isdisjoint(sent.keys) for _, sent in out):
+                unchained = link
+                return None
+            out.append((link, following))
+            self.computing += batch.count
+            return following
+
+        self.computing = first.batch.count
+        chain = first.engine.chain_stream(job, tasks, self.stats, follow)
+        try:
+            while out:
+                try:
+                    results = next(chain)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    log.warning("chained micro-batches' engine call failed (%s): the %d not answered are computed one by one", first_line(exc), len(out))
+                    break
+                link, computed = out.popleft()
+                self.computing -= link.batch.count
+                if self.abandoned:
+                    return None
+                self._keep_results(job, computed, link.task_tables, results, link.done)
+                self._output(link)
+        finally:
+            chain.close()  # what is still out is answered and dropped
+            self.computing = 0
+        while out:
+            self._compute_link(out.popleft()[0])
+        return unchained
+
+    def _output(self, link: _Link) -> None:
+        """The micro-batch's output, queued; UDFError if a group's failure ends the task."""
+        done, engine = link.done, link.engine
         self.groups.evict()
         # In arrival order only when every group gave one frame per new point and none failed.
         import numpy as np
@@ -168,16 +258,16 @@ class MicroBatchRunner:
         counts = np.concatenate(done.counts) if done.counts else np.zeros(0, np.int64)
         self.stats.points_out += int(counts.sum())
         self.stats.computed = engine.name
-        in_order_of = task_tables.arrival if done.failure is None and not done.set_aside else None
-        for piece in output_pieces(done.frames, counts, in_order_of, kernels):
+        in_order_of = link.task_tables.arrival if done.failure is None and not done.set_aside else None
+        for piece in output_pieces(done.frames, counts, in_order_of, hotpath.kernels()):
             self.writer.send_now(piece)
-        self.stats.compute_seconds.observe(time.monotonic() - started)  # task tables to output queued
+        self.stats.compute_seconds.observe(time.monotonic() - link.started)  # task tables to output queued
         if done.failure is not None:
             log.error("%s", done.failure)
             raise UDFError(_error_summary(done.failure))
         log.debug(
             "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            batch.count, len(counts), counts.sum(), time.monotonic() - started, engine.name,
+            link.batch.count, len(counts), counts.sum(), time.monotonic() - link.started, engine.name,
         )
 
     def _compute_handler(self, batch: MicroBatch) -> None:
@@ -226,6 +316,12 @@ class MicroBatchRunner:
             return True
         if self.abandoned:
             return False
+        return self._keep_results(job, tasks, task_tables, results, done)
+
+    def _keep_results(self, job: Job, tasks: Tasks, task_tables: TaskTables, results: ResultColumns, done: _Computed) -> bool:
+        """Keeps a slice's groups' new history and state and its output frames; False once a
+        failure ends the micro-batch (``done.failure``)."""
+        keys = task_tables.keys(tasks)
         outputs = results.output
         errors: list[str | None] = [None] * len(keys) if results.errors.all_missing() else results.errors.texts()
         bad = [i for i, error in enumerate(errors) if error is not None]

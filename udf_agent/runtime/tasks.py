@@ -40,6 +40,11 @@ class TaskTables(Protocol):
 
     def __iter__(self) -> Iterator[Tasks]: ...
 
+    def single_slice(self) -> StreamTasks | None:
+        """The micro-batch's tasks when they are one stream slice (an engine may chain it
+        behind the micro-batch before it, ``Engine.chain_stream``), else None."""
+        ...
+
     def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
         """``tasks`` computed on ``engine``, the results row for row."""
         ...
@@ -80,6 +85,9 @@ class StreamTaskTables:
             states = Blobs.of_texts([state for _, state in kept])
             yield StreamTasks(np.arange(first, first + count), keys, data.slice(first, count), histories, states)
 
+    def single_slice(self) -> StreamTasks | None:
+        return next(iter(self)) if 0 < len(self.arrival) <= TASK_SLICE_GROUPS else None
+
     def run(self, engine: Engine, job: Job, tasks: Tasks, tenant: Tenant | None) -> ResultColumns:
         assert isinstance(tasks, StreamTasks)
         return engine.run_stream(job, tasks, tenant)
@@ -110,6 +118,9 @@ class BatchTaskTables:
         assert isinstance(batch, BatchMicroBatch)  # a batch task's intake makes no other
         self._batch = batch
         self._store = store
+
+    def single_slice(self) -> None:
+        return None
 
     def __iter__(self) -> Iterator[pa.Table]:
         rows: list[Task] = []

@@ -99,6 +99,24 @@ class WorkQueue:
         if self._items or (due is not None and due < self._wakes_at):
             self.cond.notify_all()
 
+    def take_micro_batch_now(self, due: Callable[[float], float | None], close_due: Callable[[], None]) -> Compute | None:
+        """The compute thread, with a micro-batch out on its engine, takes the next work now if
+        that is a micro-batch: queued, or the open one if ``due`` now (``close_due`` closes it).
+        Never past other work, whose order the input set. None if there is no such micro-batch."""
+        with self.cond:
+            if not self._items:
+                deadline = due(time.monotonic())
+                if deadline is None or time.monotonic() < deadline:
+                    return None
+                close_due()
+            if not self._items or not isinstance(self._items[0], Compute):
+                return None
+            item = self._items.popleft()
+            assert isinstance(item, Compute)
+            self._micro_batches -= 1
+            self.cond.notify_all()
+            return item
+
     def take(self, due: Callable[[float], float | None], close_due: Callable[[], None], abandoned: Callable[[], bool], reader_fed: bool = False) -> Work:
         """The compute thread's next item: waits for one, closing the open micro-batch
         (``close_due``) once ``due`` says it is time; Finish once the work is ``abandoned``.
