@@ -165,3 +165,21 @@ def test_what_a_failed_chain_did_not_answer_is_computed_as_any_micro_batch_is():
     frames = _run_chain(runner)
     assert _output_times(frames) == list(range(6))  # nothing taken was lost, nothing twice
     assert runner.stats.micro_batches == len(CHAIN)
+
+
+def test_an_error_of_the_runners_own_taking_the_next_micro_batch_fails_the_task_not_the_engine():
+    """The micro-batch taken to chain is no longer queued: an error making its task tables is
+    raised (the task ends, saying why), never taken for the engine's and the micro-batch lost."""
+    runner = _moving_avg_runner(Engines(_ChainBreaksAfterOne))
+    take = runner._take
+
+    def take_only_the_first(batch):  # type: ignore[no-untyped-def]
+        if runner.stats.micro_batches or batch is not first:
+            raise RuntimeError("cannot group it")
+        return take(batch)
+
+    first = _micro_batch([(0, "a")])
+    runner._take = take_only_the_first  # type: ignore[method-assign]
+    runner.take_next = lambda: _micro_batch([(1, "b")])
+    with pytest.raises(RuntimeError, match="cannot group it"):
+        runner.run(Compute(first))

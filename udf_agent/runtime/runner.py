@@ -204,6 +204,7 @@ class MicroBatchRunner:
         job = self._job()
         out: deque[tuple[_Link, StreamTasks]] = deque([(first, tasks)])
         unchained: _Link | None = None
+        broken: list[BaseException] = []  # an error of our own while taking the next: not the engine's
 
         def follow() -> StreamTasks | None:
             nonlocal unchained
@@ -212,7 +213,11 @@ class MicroBatchRunner:
             batch = self.take_next()
             if batch is None:
                 return None
-            link = self._take(batch)
+            try:
+                link = self._take(batch)
+            except BaseException as exc:
+                broken.append(exc)
+                raise
             following = link.task_tables.single_slice() if link.engine is first.engine else None
             if following is None or any(not set(following.keys).isdisjoint(sent.keys) for _, sent in out):
                 unchained = link
@@ -230,6 +235,8 @@ class MicroBatchRunner:
                 except StopIteration:
                     break
                 except Exception as exc:
+                    if broken:
+                        raise  # the micro-batch taken is not the engine's to lose: the task fails, saying why
                     log.warning("chained micro-batches' engine call failed (%s): the %d not answered are computed one by one", first_line(exc), len(out))
                     break
                 link, computed = out.popleft()
