@@ -10,9 +10,11 @@ of:
 
 - **queued**: from the micro-batch's first point read to the compute thread taking it
 - **gap**: from the compute thread done with one micro-batch to taking the next (the reader
-  left input unread while it computed: the wake-ups and the read in between)
-- **prepare**: grouping and packing, up to the engine's call
-- **engine**: the engine's call, the resident worker's round trip included
+  left input unread while it computed: the wake-ups and the read in between); negative when
+  the next was taken while the one before computed (chained, ``Engine.chain_stream``)
+- **prepare**: grouping and packing, up to the engine's call (for a chained one, up to its send)
+- **engine**: from the engine's call (or send) to the results in, the resident worker's round
+  trip included (for a chained one, its wait behind the one before it too)
 - **output**: from the results in to the compute thread done with the micro-batch
 - **written**: from the results in to the output's write (by the compute thread when the
   writer is idle, else by the writer thread)
@@ -50,8 +52,11 @@ STAGES = ("queued", "gap", "prepare", "engine", "output", "written", "cycle")
 
 @contextmanager
 def stamped(stamps: list[tuple[Any, ...]]) -> Iterator[None]:
-    """Appends (monotonic time, kind, ...) to ``stamps`` at each read, write, micro-batch start
-    and end, and engine call and answer, of every agent in this process; undone on exit."""
+    """Appends (monotonic time, kind, ...) to ``stamps`` at each read, write, micro-batch taken
+    and done, engine call (or chained send) and results in, of every agent in this process; a
+    micro-batch's stamps carry its task tables' id, as micro-batches chained overlap. Undone on exit."""
+    from spark_backend.engine import SparkEngine
+    from udf_agent.compute.engine import LocalEngine
     from udf_agent.runtime.runner import MicroBatchRunner
     from udf_agent.runtime.tasks import BatchTaskTables, StreamTaskTables
     from udf_agent.runtime.transports import FdConnection, SocketConnection
@@ -59,75 +64,118 @@ def stamped(stamps: list[tuple[Any, ...]]) -> Iterator[None]:
     def stamp(kind: str, *more: Any) -> None:
         stamps.append((time.monotonic(), kind, *more))
 
-    def around(cls: type, name: str, before: Any, after: Any) -> tuple[type, str, Any]:
+    patched: list[tuple[type, str, Any]] = []
+
+    def wrap(cls: type, name: str, make: Any) -> None:
         original = getattr(cls, name)
+        setattr(cls, name, make(original))
+        patched.append((cls, name, original))
 
-        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-            before(*args)
-            result = original(self, *args, **kwargs)
-            after()
-            return result
+    def around(cls: type, name: str, before: Any, after: Any) -> None:
+        def make(original: Any) -> Any:
+            def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+                before(self, *args)
+                result = original(self, *args, **kwargs)
+                after(self, result, *args)
+                return result
 
-        setattr(cls, name, wrapped)
-        return cls, name, original
+            return wrapped
+
+        wrap(cls, name, make)
 
     def none(*_: Any) -> None:
         return None
 
-    def written_now(cls: type) -> tuple[type, str, Any]:
+    def written_now(original: Any) -> Any:
         """``write_now`` stamped as a write when it wrote (the compute thread's own writes)."""
-        original = cls.write_now
 
         def wrapped(self: Any, data: bytes) -> bool:
             at = time.monotonic()
-            wrote = original(self, data)
+            wrote: bool = original(self, data)
             if wrote:
                 stamps.append((at, "write"))
             return wrote
 
-        cls.write_now = wrapped
-        return cls, "write_now", original
+        return wrapped
 
-    patched = [
-        *(around(cls, "read_into", none, lambda: stamp("read")) for cls in (FdConnection, SocketConnection)),
-        *(around(cls, "write", lambda *_: stamp("write"), none) for cls in (FdConnection, SocketConnection)),
-        *(written_now(cls) for cls in (FdConnection, SocketConnection) if hasattr(cls, "write_now")),
-        around(MicroBatchRunner, "_compute", lambda batch: stamp("start", batch.opened_at), lambda: stamp("end")),
-        *(around(cls, "run", lambda *_: stamp("ask"), lambda: stamp("answer")) for cls in (StreamTaskTables, BatchTaskTables)),
-    ]
+    def taken(original: Any) -> Any:
+        def wrapped(self: Any, batch: Any) -> Any:
+            at = time.monotonic()
+            link = original(self, batch)
+            stamps.append((at, "start", id(link.task_tables), batch.opened_at))
+            return link
+
+        return wrapped
+
+    # A chained slice is known by the task tables it came from (``single_slice``).
+    tables_of: dict[int, int] = {}
+
+    def chained(original: Any) -> Any:
+        def wrapped(self: Any, job: Any, tasks: Any, tenant: Any, follow: Any) -> Any:
+            def follow_stamped() -> Any:
+                following = follow()
+                if following is not None and id(following) in tables_of:
+                    stamp("ask", tables_of[id(following)])
+                return following
+
+            if id(tasks) in tables_of:
+                stamp("ask", tables_of[id(tasks)])
+            return original(self, job, tasks, tenant, follow_stamped)
+
+        return wrapped
+
+    for cls in (FdConnection, SocketConnection):
+        around(cls, "read_into", none, lambda *_: stamp("read"))
+        around(cls, "write", lambda *_: stamp("write"), none)
+        if hasattr(cls, "write_now"):
+            wrap(cls, "write_now", written_now)
+    wrap(MicroBatchRunner, "_take", taken)
+    around(MicroBatchRunner, "_keep_results", lambda self, job, tasks, task_tables, *_: stamp("answer", id(task_tables)), none)
+    around(MicroBatchRunner, "_output", none, lambda self, result, link: stamp("end", id(link.task_tables)))
+    around(StreamTaskTables, "single_slice", none, lambda self, result: tables_of.__setitem__(id(result), id(self)) if result is not None else None)
+    for tables in (StreamTaskTables, BatchTaskTables):
+        around(tables, "run", lambda self, *_: stamp("ask", id(self)), none)
+    for engine in (LocalEngine, SparkEngine):
+        wrap(engine, "chain_stream", chained)
     try:
         yield
     finally:
-        for cls, name, original in patched:
+        for cls, name, original in reversed(patched):
             setattr(cls, name, original)
 
 
 def stages(stamps: list[tuple[Any, ...]], since: float) -> dict[str, list[float]]:
-    """Each stage's seconds, one per micro-batch that started at ``since`` or later (the first
-    such one has no gap or cycle: they reach back to the one before)."""
+    """Each stage's seconds, one per micro-batch taken at ``since`` or later (the first such one
+    has no gap or cycle: they reach back to the one before)."""
     found: dict[str, list[float]] = {stage: [] for stage in STAGES}
     last_end: float | None = None
-    batch: dict[str, float] = {}
-    # The last results in whose output is not written yet, and whether its micro-batch counts
-    # (None while it computes): the write may come before or after the micro-batch's end.
-    answered: float | None = None
-    counted: bool | None = None
+    under_way: dict[int, dict[str, float]] = {}  # by task tables' id: taken, not done
+    counted: dict[int, bool] = {}  # done: whether it counts (its output may be written after)
+    # The last results in whose output is not written yet: the write may come before or after
+    # its micro-batch is done.
+    answered: tuple[int, float] | None = None
     for at, kind, *more in stamps:
-        if kind == "write" and answered is not None:
-            if counted is None:
-                batch["written"] = at - answered
-            elif counted:
-                found["written"].append(at - answered)
-            answered = None
+        if kind == "write":
+            if answered is not None:
+                key, answer_at = answered
+                if key in under_way:
+                    under_way[key]["written"] = at - answer_at
+                elif counted.get(key):
+                    found["written"].append(at - answer_at)
+                answered = None
         elif kind == "start":
-            batch, counted = {"start": at, "opened": more[0]}, None
-        elif kind in ("ask", "answer") and batch:
-            batch.setdefault(kind, at)  # a micro-batch in several slices: its first call...
-            if kind == "answer":
-                batch["answered"] = answered = at  # ... and its last answer
-        elif kind == "end" and batch:
-            counted = batch["start"] >= since and "ask" in batch
-            if counted:
+            under_way[more[0]] = {"start": at, "opened": more[1]}
+        elif kind in ("ask", "answer") and more[0] in under_way:
+            batch = under_way[more[0]]
+            if kind == "ask":
+                batch.setdefault("ask", at)  # a micro-batch in several slices: its first call...
+            else:
+                batch["answered"] = at  # ... and its last results
+                answered = (more[0], at)
+        elif kind == "end" and more[0] in under_way:
+            batch = under_way.pop(more[0])
+            counted[more[0]] = batch["start"] >= since and "ask" in batch and "answered" in batch
+            if counted[more[0]]:
                 found["queued"].append(batch["start"] - batch["opened"])
                 found["prepare"].append(batch["ask"] - batch["start"])
                 found["engine"].append(batch["answered"] - batch["ask"])
@@ -137,7 +185,7 @@ def stages(stamps: list[tuple[Any, ...]], since: float) -> dict[str, list[float]
                 if last_end is not None:
                     found["gap"].append(batch["start"] - last_end)
                     found["cycle"].append(at - last_end)
-            last_end, batch = at, {}
+            last_end = at
     return found
 
 

@@ -367,7 +367,7 @@ def test_cycle_stages_times_each_micro_batch_of_an_agent_from_its_first_read_to_
     from udf_agent.runtime.runner import MicroBatchRunner
     from udf_agent.testing import InProcessAgent, option
 
-    original = MicroBatchRunner._compute
+    original = MicroBatchRunner._take
     stamps: list[tuple] = []
     with cycle_stages.stamped(stamps):
         agent = InProcessAgent(moving_avg, Engines(LocalEngine), AgentConfig(flush_interval=0.01))
@@ -378,7 +378,7 @@ def test_cycle_stages_times_each_micro_batch_of_an_agent_from_its_first_read_to_
             time.sleep(0.02)  # a micro-batch each, or nearly
         agent.driver.responses.wait_for("point", 20, timeout=60)
         assert agent.finish() == 0
-    assert MicroBatchRunner._compute is original
+    assert MicroBatchRunner._take is original
     found = cycle_stages.stages(stamps, started)
     batches = len(found["engine"])
     assert batches >= 5, found

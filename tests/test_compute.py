@@ -574,6 +574,20 @@ def test_moving_avg_over_ten_thousand_groups_on_spark_matches_plain_pandas(engin
         return run(job, tasks, tenant)
 
     monkeypatch.setattr(spark_engine, "run_stream", counted)
+    chain = spark_engine.chain_stream
+
+    def chained(job, tasks, tenant, follow):  # a micro-batch of one slice, and those chained behind it
+        sizes.append(len(tasks))
+
+        def counted_follow():
+            following = follow()
+            if following is not None:
+                sizes.append(len(following))
+            return following
+
+        return chain(job, tasks, tenant, counted_follow)
+
+    monkeypatch.setattr(spark_engine, "chain_stream", chained)
     rng = np.random.default_rng(5)
     groups, per_group, size = 10_000, 3, 2
     values = rng.normal(size=groups * per_group)

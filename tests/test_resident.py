@@ -13,7 +13,7 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import ResidentWorkers, _split
+from spark_backend.resident import ResidentWorkers, _ChainPace, _split
 from spark_backend.resident_protocol import (
     HEADER,
     HELLO,
@@ -570,3 +570,19 @@ def test_a_chain_gives_its_worker_back_once_another_task_waits_for_one(spark_eng
     assert ended["waiting"] < ended["blocker"], ended
     assert len(asked) < 30, len(asked)
     assert ended["chain"] <= ended["waiting"] + 0.5, ended
+
+
+def test_a_chains_pace_learns_the_workers_time_only_from_answers_it_waited_for():
+    """An answer already there when the agent looked says only that its slice took at most that
+    long: timed as read, a late send would make the next slice look longer, and so on."""
+    pace = _ChainPace()
+    pace.wait_to_follow(time.monotonic())  # nothing known yet: takes the next at once
+    pace.answered(0.010, waited=True)
+    assert pace.computes == 0.010
+    pace.answered(0.020, waited=True)
+    assert pace.computes == pytest.approx(0.010 + _ChainPace.WEIGHT * 0.010)
+    known = pace.computes
+    pace.answered(0.050, waited=False)  # read late: lowered, never raised
+    assert pace.computes == pytest.approx(known * _ChainPace.SHRINK)
+    pace.answered(0.001, waited=False)  # shorter than known: a true bound, taken in
+    assert pace.computes < known * _ChainPace.SHRINK
