@@ -129,7 +129,11 @@ class SparkEngine:
         Spark job as a micro-batch needs). An error mid-chain ends it: the caller computes
         what it did not answer with ``run_stream``."""
         resident, session = self._resident, self._session
-        if not self._ready.is_set() or resident is None or session is None or self._fell_back or self._jvm_exit_code() is not None or session.lost(ask=False) is not None:
+        # No worker connected: run_stream waits for one, or falls back to a Spark job, once.
+        if (
+            not self._ready.is_set() or resident is None or session is None or self._fell_back or not resident.connected()
+            or self._jvm_exit_code() is not None or session.lost(ask=False) is not None
+        ):
             yield self.run_stream(job, tasks, tenant)
             return
         ship_by_value(job.spec)
