@@ -83,8 +83,8 @@ class _CountedReads:
         return read
 
 
-def _agent_computing_its_first_point() -> tuple[InProcessAgent, _CountedReads]:
-    agent = InProcessAgent(_slow_echo, Engines(LocalEngine), AgentConfig(drain_timeout=60))
+def _agent_computing_its_first_point(config: AgentConfig = AgentConfig(drain_timeout=60)) -> tuple[InProcessAgent, _CountedReads]:
+    agent = InProcessAgent(_slow_echo, Engines(LocalEngine), config)
     assert agent.driver.init().success
     counted = _CountedReads(agent.connection)
     agent.driver.point(**_point(0))
@@ -112,6 +112,22 @@ def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(
     # is not woken for it. The second micro-batch holds them all.
     assert (counted.reads - reads_before, counted.reads_ahead) == (0, 1)
     assert agent.agent.stats.micro_batches == 2
+    assert [point.time for point in agent.driver.responses.of("point")] == list(range(6))
+    assert agent.finish() == 0
+
+
+def test_past_the_budget_after_a_read_ahead_the_reader_waits_for_room_with_heartbeats(monkeypatch):
+    monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # the compute thread reads what comes meanwhile
+    agent, counted = _agent_computing_its_first_point(AgentConfig(drain_timeout=60, max_batch_points=1, max_pending_points=2))
+    for number in range(1, 6):  # five points over a budget of two, left unread during the compute
+        agent.driver.point(**_point(number))
+        time.sleep(0.02)
+    agent.driver.responses.wait_for("point", 6, timeout=60)
+    assert counted.reads_ahead == 1  # the compute thread took all five in, past the budget
+    # The reader then waited for room, feeding Kapacitor's watchdog while the four micro-batches
+    # over the budget computed (~2 s), instead of blocking in a read with no input left to come.
+    heartbeats = [k.time for k in agent.driver.responses.of("keepalive") if k.time > 10**18]
+    assert len(heartbeats) >= 2, heartbeats
     assert [point.time for point in agent.driver.responses.of("point")] == list(range(6))
     assert agent.finish() == 0
 

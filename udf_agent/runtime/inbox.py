@@ -200,6 +200,9 @@ class Inbox:
                     self._act_on_input()  # the framing error, after the frames before it
                     return
                 if small and self._gather_while_computing():
+                    # The compute thread may have read ahead meanwhile, past the budget: the
+                    # reader waits for room (with heartbeats) rather than blocking in a read.
+                    self._wait_for_room()
                     continue
                 if pause:
                     time.sleep(pause)  # input is flowing in small reads: let it gather
@@ -236,9 +239,12 @@ class Inbox:
         for it, reads that input itself: the reader's wake-up, and the compute thread's after
         it, are then no longer between one micro-batch and the next. Only a trickle: input that
         fills a small read, an end of input or an error are left to the reader, which then
-        reads with its pacing and backpressure. Whether it read (the reader then need not wake)."""
+        reads with its pacing and backpressure; so is input once the budget of waiting points is
+        full (a read ahead may overshoot it by one read, as the reader's own reads do). Whether
+        it read (the reader then need not wake)."""
         with self._work.cond:
-            if not self._work.reader_waits() or self._stop.is_set():
+            # Past the budget the reader's wait for room is the backpressure: never read for it.
+            if not self._work.reader_waits() or self._stop.is_set() or self.points_waiting() >= self.config.max_pending_points:
                 return False
         if not self._read_turn.acquire(blocking=False):
             return False  # the reader is reading
@@ -265,8 +271,14 @@ class Inbox:
             if not self._computing_soon():
                 return False
             self._read_at = time.monotonic()
-            self._work.reader_waits_while(self._computing_soon, lambda: self._read_at + COMPUTE_GATHER)
+            self._work.reader_waits_while(self._gathering, lambda: self._read_at + COMPUTE_GATHER)
         return True
+
+    def _gathering(self) -> bool:
+        """Whether the reader goes on leaving input unread for the compute thread: a micro-batch
+        is computing soon and the budget has room (past it, a read ahead having filled it, the
+        reader waits for room instead, with heartbeats). Caller holds the lock."""
+        return self._computing_soon() and self.points_waiting() < self.config.max_pending_points
 
     def _computing_soon(self) -> bool:
         """Whether a micro-batch is computing, queued or due now, and the task goes on (caller holds the lock)."""
