@@ -83,8 +83,8 @@ class _CountedReads:
         return read
 
 
-def _agent_computing_its_first_point(config: AgentConfig = AgentConfig(drain_timeout=60)) -> tuple[InProcessAgent, _CountedReads]:
-    agent = InProcessAgent(_slow_echo, Engines(LocalEngine), config)
+def _agent_computing_its_first_point(**config: Any) -> tuple[InProcessAgent, _CountedReads]:
+    agent = InProcessAgent(_slow_echo, Engines(LocalEngine), AgentConfig(drain_timeout=60, **config))
     assert agent.driver.init().success
     counted = _CountedReads(agent.connection)
     agent.driver.point(**_point(0))
@@ -118,7 +118,7 @@ def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(
 
 def test_past_the_budget_after_a_read_ahead_the_reader_waits_for_room_with_heartbeats(monkeypatch):
     monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # the compute thread reads what comes meanwhile
-    agent, counted = _agent_computing_its_first_point(AgentConfig(drain_timeout=60, max_batch_points=1, max_pending_points=2))
+    agent, counted = _agent_computing_its_first_point(max_batch_points=1, max_pending_points=2)
     for number in range(1, 6):  # five points over a budget of two, left unread during the compute
         agent.driver.point(**_point(number))
         time.sleep(0.02)
