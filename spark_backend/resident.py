@@ -257,23 +257,7 @@ class ResidentWorkers:
                 yield self._run_parts(job, [_Part(0, again, retry_of=what, fresh_after=lost_at)], key, tenant)[0]
         finally:
             if worker is not None:
-                self._settle_chain(worker, out, key, tenant)
-
-    def _settle_chain(self, worker: Worker, out: deque[tuple[StreamTasks, float]], key: Hashable, tenant: Tenant | None) -> None:
-        """The chain ends with ``out`` still on ``worker`` (a failure, or its caller stopped):
-        their answers are read and dropped, then the worker is given back (or up)."""
-        began = time.monotonic()
-        for _ in out:
-            try:
-                kind, _ = worker.exchange(began + self.batch_timeout, self.batch_timeout, worker.next_message)
-            except WorkerLost:
-                self._grants.lose(worker, key, tenant)
-                return
-            if kind == OVER_MEMORY:
-                self._grants.lose(worker, key, tenant)
-                return
-            began = time.monotonic()
-        self._grants.release(worker, key, tenant)
+                self._settle(worker, key, tenant, len(out), time.monotonic() + self.batch_timeout)
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A Handler script's requests, on the worker its handler lives on (``resident_handlers``)."""
@@ -328,7 +312,7 @@ class ResidentWorkers:
             # A part still out when the micro-batch fails: its answer is read and dropped
             # (or its worker given up), so the connection is ready for the next one.
             for _, worker, sent_at in in_flight:
-                self._settle(worker, key, tenant, sent_at + self.batch_timeout)
+                self._settle(worker, key, tenant, 1, sent_at + self.batch_timeout)
         assert all(result is not None for result in results)
         return [result for result in results if result is not None]
 
@@ -354,16 +338,22 @@ class ResidentWorkers:
         worker.jobs.use(key)  # as the worker will on reading the tasks: the two caches stay alike
         send_message(worker.sock, kind, key, *payload)
 
-    def _settle(self, worker: Worker, key: Hashable, tenant: Tenant | None, deadline: float) -> None:
-        try:
-            kind, _ = worker.exchange(deadline, self.batch_timeout, worker.next_message)
-        except WorkerLost:
-            self._grants.lose(worker, key, tenant)
-            return
-        if kind == OVER_MEMORY:
-            self._grants.lose(worker, key, tenant)
-        else:
-            self._grants.release(worker, key, tenant)
+    def _settle(self, worker: Worker, key: Hashable, tenant: Tenant | None, owed: int, deadline: float) -> None:
+        """``worker`` still owes ``owed`` answers when its caller stops waiting for them (a
+        failure, or the caller gone): each is read and dropped, the first by ``deadline`` and
+        each next within the batch timeout of the one before, so the connection is ready for
+        the next use; then the worker is given back, or given up if lost or over its memory."""
+        for _ in range(owed):
+            try:
+                kind, _ = worker.exchange(deadline, self.batch_timeout, worker.next_message)
+            except WorkerLost:
+                self._grants.lose(worker, key, tenant)
+                return
+            if kind == OVER_MEMORY:
+                self._grants.lose(worker, key, tenant)
+                return
+            deadline = time.monotonic() + self.batch_timeout
+        self._grants.release(worker, key, tenant)
 
     def _job_pickle(self, job: Job) -> tuple[bytes, bytes]:
         with self._pickle_lock:
