@@ -180,6 +180,42 @@ def test_encode_rows_gives_the_reference_points(seed):
     assert [parsed(frames[a:b])[0] for a, b in zip(starts, ends)] == parsed(frames)
 
 
+@pytest.mark.parametrize(
+    "rows",
+    [slice(None), slice(7, None), slice(3, 40), slice(None, None, 3), slice(None, None, -1), [5, 2, 9, 0, 31, 30]],
+    ids=["whole", "from-row-7", "a-stretch", "every-third", "reversed", "in-any-order"],
+)
+def test_encode_rows_of_gives_the_reference_points_whatever_the_results_index(rows):
+    """Whether the result keeps the input's RangeIndex (the fast path: in order, no label
+    checked), a stretch or stride of it, or labels in any order, the frames are the
+    reference's: input order, history rows (below ``first_row``) dropped."""
+    from udf_agent.compute.results import encode_rows_of
+
+    points = [p for p in random_points(4, 60) if p.name]
+    for point in points:
+        point.group = "g=1"
+    _, headers = pointcodec.decode_with_headers(encoded(points))
+    count = len(points)
+    whole = pd.DataFrame({"avg": np.arange(count) * 0.5}, index=pd.RangeIndex(count, name="input_row"))
+    result = whole.iloc[rows]
+    first_row = 4
+    written = encode_rows_of(result, headers, Layout(tag_columns={}), count, first_row)
+    assert written is not None
+    frames, picked, _ = written
+    assert picked.tolist() == sorted(r for r in result.index if r >= first_row)
+    assert parsed(frames) == parsed(reference_frames(points, result, first_row))
+
+
+def test_encode_rows_of_refuses_a_range_index_past_the_input_rows():
+    from udf_agent.compute.results import encode_rows_of
+
+    points = [udf_pb2.Point(time=t, name="m", fieldsDouble={"v": 1.0}) for t in range(3)]
+    _, headers = pointcodec.decode_with_headers(encoded(points))
+    result = pd.DataFrame({"avg": [1.0, 2.0, 3.0]}, index=pd.RangeIndex(1, 4, name="input_row"))
+    with pytest.raises(ValueError, match="holds labels that are not input rows"):
+        encode_rows_of(result, headers, Layout(tag_columns={}), 3, 0)
+
+
 def _last_points_twin(headers, starts, rows):
     """``Headers.last_points``'s twin: the numpy calls it replaced."""
     first = np.maximum(starts[:-1], starts[1:] - rows)

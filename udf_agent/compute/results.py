@@ -140,7 +140,8 @@ def encode_rows_of(
         fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, values))
     floor = seen[source] if isinstance(seen, np.ndarray) else seen
     picked = np.flatnonzero(source >= floor)
-    picked = picked[np.argsort(source[picked], kind="stable")]
+    if not _ascending_range(result.index):
+        picked = picked[np.argsort(source[picked], kind="stable")]
     rows = source[picked]
     encoded = pointcodec.encode_rows(headers, rows + offset, [(name, values[picked]) for name, values in fields])
     if encoded is None:
@@ -159,6 +160,10 @@ def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:
     index = result.index
     if index.name != INPUT_ROW:
         return None
+    if _ascending_range(index) and index.start >= 0 and index.stop <= input_rows:
+        # The input's own index, or a stretch of it (the usual vectorized result): in range
+        # by construction, no need to look at each label.
+        return np.arange(index.start, index.stop, index.step, dtype=np.int64)
     labels = index.to_numpy()
     if not pd.api.types.is_integer_dtype(labels.dtype) or (len(labels) and (labels.min() < 0 or labels.max() >= input_rows)):
         raise ValueError(
@@ -167,6 +172,11 @@ def _source_rows(result: pd.DataFrame, input_rows: int) -> np.ndarray | None:
         )
     rows: np.ndarray = labels.astype(np.int64)
     return rows
+
+
+def _ascending_range(index: pd.Index) -> bool:
+    """Whether ``index`` is a range going up: its rows are in input order already."""
+    return isinstance(index, pd.RangeIndex) and index.step > 0
 
 
 def _times(series: pd.Series) -> np.ndarray:

@@ -30,6 +30,8 @@ from udf_agent.wire.pointcodec import DecodedPoints
 
 log = logging.getLogger(__name__)
 
+_ZERO = np.zeros(1, np.int64)
+
 
 
 def run_partition(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -52,7 +54,7 @@ class _Groups:
     """Where each group's rows lie in a partition decoded as one table."""
 
     starts: np.ndarray  # first row of each group, then the number of rows
-    history_rows: list[int]
+    new_from: np.ndarray  # first new row of each group (the rows before it are its history)
 
 
 def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
@@ -68,14 +70,14 @@ def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
     except ProtocolError:
         return ResultColumns.of_results([run_task(job, task) for task in tasks.tasks()])  # one by one, to name the group at fault
     starts = bounds[0::2]
-    groups = _Groups(starts, (bounds[1::2] - starts[:-1]).tolist())
+    groups = _Groups(starts, bounds[1::2])
     window = job.history_window
     if job.spec.vectorized:
         return _run_vectorized(job, tasks, points, headers, groups, window)
     table = points.table
     return ResultColumns.of_results([
         _run_group(job, task, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
-        for task, start, end, history_rows in zip(tasks.tasks(), starts[:-1], starts[1:], groups.history_rows)
+        for task, start, end, history_rows in zip(tasks.tasks(), starts[:-1], starts[1:], (groups.new_from - starts[:-1]).tolist())
     ])
 
 
@@ -124,7 +126,7 @@ def _run_vectorized(
         return ResultColumns.of_results([Result(task.seq, task.key, None, None, None, error, 0) for task in tasks.tasks()])
     histories = _keep_histories(points.times, headers, groups.starts, window)
     nothing = Blobs.missing(len(keys))
-    return ResultColumns(Blobs(output, np.diff(offsets)), histories, nothing, nothing, np.asarray(emitted, np.int64))
+    return ResultColumns(Blobs(output, offsets[1:] - offsets[:-1]), histories, nothing, nothing, emitted)
 
 
 def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> Blobs:
@@ -154,7 +156,8 @@ def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: 
     if ctx.state:
         raise TypeError("a vectorized UDF keeps no ctx.state")
     # Rows each group had before this micro-batch: their results are dropped.
-    seen = np.repeat(groups.starts[:-1] + np.asarray(groups.history_rows, np.int64), np.diff(groups.starts))
+    starts = groups.starts
+    seen = np.repeat(groups.new_from, starts[1:] - starts[:-1])
     encoded = encode_rows_of(result, headers, layout, points.num_rows, seen)
     if encoded is None:
         raise TypeError(
@@ -164,9 +167,9 @@ def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: 
         )
     output, out_rows, ends = encoded
     # Output rows are in input order, so each group's frames are one stretch of the output.
-    cuts = np.searchsorted(out_rows, groups.starts)
-    offsets = np.concatenate(([0], ends))[cuts]
-    return output, offsets, np.diff(cuts)
+    cuts = np.searchsorted(out_rows, starts)
+    offsets = np.concatenate((_ZERO, ends))[cuts]
+    return output, offsets, cuts[1:] - cuts[:-1]
 
 
 def run_task(job: Job, task: Task) -> Result:
