@@ -383,7 +383,9 @@ def _warm_workers(session: SparkSession) -> None:
 
 def _import_compute(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     import udf_agent.compute.run  # noqa: F401  (pandas, pyarrow and protobuf, loaded once per worker)
+    from udf_agent.compute import packed
     from udf_agent.wire import pointcodec
 
     pointcodec.warm_up()  # numba's compiled decoder, from its cache
+    packed.warm_up()
     yield from frames

@@ -35,6 +35,7 @@ from spark_backend.resident_protocol import (
     receive_message,
     send_message,
 )
+from udf_agent.compute import packed
 from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
 from udf_agent.compute.packed import StreamTasks
@@ -56,6 +57,7 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
     for _ in frames:  # the one row Spark gives the task says nothing the arguments don't
         pass
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
+    packed.warm_up()  # and the tasks' unpacking
     # A full collection would walk all of pandas, pyarrow, numba and PySpark: ~70 ms every few
     # thousand micro-batches, a stall of every point waiting on this worker (runtime.collector).
     freeze_startup_objects("resident worker ready")

@@ -104,6 +104,22 @@ def test_a_packed_message_cut_anywhere_or_with_bytes_past_its_columns_is_refused
             StreamTasks.unpack(_joined(broken.pack()))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_blob_sizes_are_their_numpy_twin(seed):
+    """``blob_sizes`` against the numpy it replaced: the check of every length, then the sums."""
+    from udf_agent.compute.packed import NONE, blob_sizes
+
+    rng = np.random.default_rng(seed)
+    for columns, count in ((4, 0), (4, 1), (4, 7), (1, 300), (0, 5)):
+        lengths = rng.integers(-1, 50, size=(columns, count))
+        if seed % 2 and lengths.size:  # one length out of range: below NONE, or over the limit
+            lengths.flat[rng.integers(lengths.size)] = rng.choice([-2, 51, 2**62])
+        frozen = np.frombuffer(lengths.astype("<i8").tobytes(), "<i8").reshape(columns, count)  # read-only, as unpacked
+        valid = not lengths.size or (lengths.min() >= NONE and lengths.max() <= 50)
+        twin = np.maximum(lengths, 0).sum(axis=1) if valid else np.full(columns, -1)
+        assert blob_sizes(frozen, 50).tolist() == twin.tolist()
+
+
 def _points(count: int) -> StreamTasks:
     from udf_agent import udf_pb2
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numba import njit
 
 from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Result, Task
 
@@ -148,16 +149,8 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize).reshape(columns, count)
     numbers, lengths = list(integers[:number_columns]), integers[number_columns:]
     blobs, pos = [], header
-    if count:
-        # Each length is checked before any are summed: a sum of huge ones would wrap around.
-        # Two reductions over every length at once (each numpy call costs more than a
-        # trickle's few lengths do).
-        if int(lengths.min()) < NONE or int(lengths.max()) > len(view):
-            raise ValueError("a packed message's lengths run past its bytes")
-        sizes = np.maximum(lengths, 0).sum(axis=1).tolist()
-    else:
-        sizes = [0] * blob_columns
-    if header + sum(sizes) > len(view):
+    sizes = blob_sizes(lengths, len(view)).tolist()
+    if (sizes and sizes[0] < 0) or header + sum(sizes) > len(view):
         raise ValueError("a packed message's lengths run past its bytes")
     for column, size in zip(lengths, sizes):
         blobs.append(Blobs(view[pos : pos + size], column))
@@ -165,6 +158,31 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     if pos != len(view):
         raise ValueError(f"a packed message has {len(view) - pos} bytes past its columns")
     return numbers, blobs
+
+
+@njit(cache=True, nogil=True)
+def blob_sizes(lengths: Any, limit: int) -> Any:
+    """The bytes of each blob column (a row of ``lengths``; a missing item has none), or -1 for
+    every column if a length is below ``NONE`` or above ``limit``: each length is checked
+    before it is summed, so huge ones cannot wrap the sums around. One compiled pass for the
+    three numpy reductions it replaced (each cost more than a trickle's few lengths; twin:
+    ``tests/test_packed.py``)."""
+    columns, count = lengths.shape
+    sizes = np.zeros(columns, np.int64)
+    for column in range(columns):
+        for row in range(count):
+            length = lengths[column, row]
+            if length < NONE or length > limit:
+                sizes[:] = -1
+                return sizes
+            if length > 0:
+                sizes[column] += length
+    return sizes
+
+
+def warm_up() -> None:
+    """Compiles (or loads from numba's cache) ``blob_sizes``, off the path of the first micro-batch."""
+    blob_sizes(np.frombuffer(bytes(INTEGERS.itemsize), INTEGERS).reshape(1, 1), 0)
 
 
 @dataclass

@@ -245,7 +245,10 @@ class Agent:
         self.session.use_compiled_splitter(hotpath.handler_run_splitter if handler else hotpath.compiled_splitter)
         if self.spec is not None and self.spec.compute and not self.spec.passthrough and not handler:
             try:
+                from udf_agent.compute import packed
+
                 hotpath.load_point_codec()
+                packed.warm_up()  # the results' unpacking
             except Exception as exc:  # no reference twin: its micro-batches will fail, saying why
                 log.error("the compiled point codec cannot load, and %s cannot compute without it (run 'udf-agent doctor'): %s", self.spec.name, exc)
                 return
