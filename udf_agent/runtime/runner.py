@@ -272,10 +272,11 @@ class MicroBatchRunner:
         if done.failure is not None:
             log.error("%s", done.failure)
             raise UDFError(_error_summary(done.failure))
-        log.debug(
-            "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
-            link.batch.count, len(counts), counts.sum(), time.monotonic() - link.started, engine.name,
-        )
+        if log.isEnabledFor(logging.DEBUG):  # its arguments cost a numpy call and a clock read a micro-batch
+            log.debug(
+                "micro-batch: %d point(s) in %d task(s) -> %d point(s) in %.3f s %s",
+                link.batch.count, len(counts), counts.sum(), time.monotonic() - link.started, engine.name,
+            )
 
     def _compute_handler(self, batch: MicroBatch) -> None:
         from udf_agent.runtime.handler_task import HandlerFailed
