@@ -178,12 +178,20 @@ class ResidentWorkers:
     def run(self, job: Job, tasks: Tasks, tenant: Tenant | None = None) -> Results:
         """The micro-batch's results, computed in parts on the slots this task may hold; in the
         form its tasks came in (a table, or packed)."""
+        key, parts = self._parts(tasks, tenant)
+        return self._run_split(job, tasks, parts, key, tenant)
+
+    def _parts(self, tasks: Tasks, tenant: Tenant | None) -> tuple[Hashable, list[Tasks]]:
+        """The task's key in the fair shares, and the parts its micro-batch is cut into, once a
+        worker has joined."""
         if self._slots.stopped.is_set():
             raise WorkerLost("the engine was stopped")
         key: Hashable = tenant if tenant is not None else _ANONYMOUS
         self._slots.await_first_worker()
         share, at_least = self._grants.parts_for(key, tasks.num_rows)
-        parts = _split(tasks, share, at_least)
+        return key, _split(tasks, share, at_least)
+
+    def _run_split(self, job: Job, tasks: Tasks, parts: list[Tasks], key: Hashable, tenant: Tenant | None) -> Results:
         results = self._run_parts(job, [_Part(i, part) for i, part in enumerate(parts)], key, tenant)
         if len(results) == 1:
             return results[0]
@@ -195,15 +203,11 @@ class ResidentWorkers:
         agent: the results of ``tasks``, then of each slice ``follow()`` gives (asked while one
         slice is out; None ends the chain). The worker is held from the first send to the last
         answer; the chain ends once another task waits for a worker. A slice worth splitting
-        is computed alone (``run``). A worker lost mid-chain: each slice it held is computed
+        is computed as ``run`` computes it, alone. A worker lost mid-chain: each slice it held is computed
         again, in order, as a lost part is (once more, on a fresh worker)."""
-        if self._slots.stopped.is_set():
-            raise WorkerLost("the engine was stopped")
-        key: Hashable = tenant if tenant is not None else _ANONYMOUS
-        self._slots.await_first_worker()
-        share, at_least = self._grants.parts_for(key, tasks.num_rows)
-        if len(_split(tasks, share, at_least)) > 1:
-            yield self.run(job, tasks, tenant)
+        key, parts = self._parts(tasks, tenant)
+        if len(parts) > 1:
+            yield self._run_split(job, tasks, parts, key, tenant)
             return
         worker: Worker | None = self._grants.acquire(key, tenant, time.monotonic() + self.batch_timeout, block=True, fresh_after=None)
         assert worker is not None  # a blocking acquire grants one or raises
