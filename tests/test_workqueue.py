@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from udf_agent.runtime.events import Compute, TakeSnapshot
@@ -41,3 +42,49 @@ def test_the_open_micro_batch_is_closed_and_taken_once_due():
     assert work.take_micro_batch_now(lambda now: now + 1.0, close) is None and not closed  # not due yet
     assert work.take_micro_batch_now(lambda now: now, close) is opened and closed
     assert not work.computing()  # taken: none queued
+
+
+class _CountedCondition(threading.Condition):
+    """A Condition that counts its notify_all calls (each wakes every waiting thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakes = 0
+
+    def notify_all(self) -> None:
+        self.wakes += 1
+        super().notify_all()
+
+
+def test_a_reader_gathering_input_is_woken_only_once_no_micro_batch_is_left_to_compute():
+    """Woken while a micro-batch still computes, the reader would only find that and wait
+    again, costing the compute thread a preemption and the GIL; a reader waiting for room
+    (not gathering) is woken whenever an item is taken."""
+    work = WorkQueue()
+    work.cond = counted = _CountedCondition()
+    with work.cond:
+        for item in (_compute(), _compute(), TakeSnapshot()):
+            work.put(item)
+    never_due = lambda now: None  # noqa: E731
+
+    def close() -> None:
+        raise AssertionError("nothing is open")
+
+    assert isinstance(work.take(never_due, close, lambda: False), Compute)
+    assert counted.wakes == 1  # no reader gathering yet: whoever waits for room is told
+
+    def gather() -> None:
+        with work.cond:
+            work.reader_waits_while(work.computing, lambda: time.monotonic() + 60)
+
+    reader = threading.Thread(target=gather, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not work.reader_waits():
+        assert time.monotonic() < deadline, "the reader never began gathering"
+        time.sleep(0.01)
+    assert work.take_micro_batch_now(never_due, close) is not None  # chained behind the first
+    assert isinstance(work.take(never_due, close, lambda: False), TakeSnapshot)  # both done
+    assert counted.wakes == 2  # once: when no micro-batch was left, not when the second was taken
+    reader.join(30)
+    assert not reader.is_alive()

@@ -259,10 +259,8 @@ class Agent:
 
     def _compute_loop(self) -> None:
         try:
-            reader_fed = False
             while True:
-                item = self._work.take(self.inbox.micro_batch_due, self.inbox.close_micro_batch, lambda: self.runner.abandoned, reader_fed)
-                reader_fed = False
+                item = self._work.take(self.inbox.micro_batch_due, self.inbox.close_micro_batch, lambda: self.runner.abandoned)
                 if isinstance(item, Finish):
                     self._finish(item.error, item.code)
                     return
@@ -272,7 +270,7 @@ class Agent:
                     self._reply_when_loaded(item)
                 else:
                     self.runner.run(item)
-                    reader_fed = self.inbox.read_ahead()
+                    self.inbox.read_ahead()
         except UDFError as exc:
             self._finish(str(exc))
         except BaseException as exc:  # even SystemExit from a UDF must end the task, not hang it

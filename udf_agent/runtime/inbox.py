@@ -234,30 +234,31 @@ class Inbox:
             self._checkpoint_if_due(self._checkpoints)
         return True
 
-    def read_ahead(self) -> bool:
+    def read_ahead(self) -> None:
         """The compute thread, done with a micro-batch while the reader leaves input unread
         for it, reads that input itself: the reader's wake-up, and the compute thread's after
         it, are then no longer between one micro-batch and the next. Only a trickle: input that
         fills a small read, an end of input or an error are left to the reader, which then
         reads with its pacing and backpressure; so is input once the budget of waiting points is
-        full (a read ahead may overshoot it by one read, as the reader's own reads do). Whether
-        it read (the reader then need not wake)."""
+        full (a read ahead may overshoot it by one read, as the reader's own reads do)."""
         with self._work.cond:
             # Past the budget the reader's wait for room is the backpressure: never read for it.
             if not self._work.reader_waits() or self._stop.is_set() or self.points_waiting() >= self.config.max_pending_points:
-                return False
+                return
         if not self._read_turn.acquire(blocking=False):
-            return False  # the reader is reading
+            return  # the reader is reading
         try:
             if self._reading_over or self.session.input_broken:
-                return False
+                return
             read = self.connection.read_ready_into(self._buffer[:SMALL_READ])
             if not read:
-                return False
+                return
             with self._work.cond:
                 self._read_at = time.monotonic()
             self._take_in(self._buffer[:read], wake=False)
-            return read < SMALL_READ and not self.session.input_broken
+            with self._work.cond:
+                if self.points_waiting() >= self.config.max_pending_points:
+                    self._work.cond.notify_all()  # the reader's gathering ends: it waits for room instead, with heartbeats
         finally:
             self._read_turn.release()
 

@@ -78,9 +78,9 @@ class WorkQueue:
         return self._computing or self._micro_batches > 0
 
     def reader_waits_while(self, busy: Callable[[], bool], until: Callable[[], float]) -> None:
-        """The reader's wait while ``busy()``, asked again each time the compute thread is done
-        with a micro-batch (unless it read the input itself, ``take``'s ``reader_fed``), until
-        ``until()`` (monotonic, asked again at each wake) at most."""
+        """The reader's wait while ``busy()``, asked again once the compute thread has no
+        micro-batch left to compute, until ``until()`` (monotonic, asked again at each wake) at
+        most."""
         self._reader_waits = True
         try:
             while busy() and (left := until() - time.monotonic()) > 0:
@@ -114,17 +114,15 @@ class WorkQueue:
             item = self._items.popleft()
             assert isinstance(item, Compute)
             self._micro_batches -= 1
-            self.cond.notify_all()
+            self._wake_reader()
             return item
 
-    def take(self, due: Callable[[float], float | None], close_due: Callable[[], None], abandoned: Callable[[], bool], reader_fed: bool = False) -> Work:
+    def take(self, due: Callable[[float], float | None], close_due: Callable[[], None], abandoned: Callable[[], bool]) -> Work:
         """The compute thread's next item: waits for one, closing the open micro-batch
         (``close_due``) once ``due`` says it is time; Finish once the work is ``abandoned``.
-        ``reader_fed``: the compute thread has just read the input the reader left unread
-        (``Inbox.read_ahead``), so the reader is woken only if that made no work."""
+        The reader gathering input is woken when there is nothing to compute (then the input
+        it left, if the compute thread did not read it ahead, is read now)."""
         with self.cond:
-            if self._computing and self._reader_waits and not reader_fed:
-                self.cond.notify_all()  # the input gathered meanwhile is read now
             self._busy = self._computing = False  # the previous item is done
             while not self._items:
                 if abandoned():
@@ -144,5 +142,13 @@ class WorkQueue:
             self._busy = True
             self._computing = isinstance(item, Compute)
             self._micro_batches -= self._computing
-            self.cond.notify_all()
+            self._wake_reader()
             return item
+
+    def _wake_reader(self) -> None:
+        """The compute thread took an item: that made room for a reader waiting for it. A
+        reader gathering input (``reader_waits_while``) is left to wait while a micro-batch
+        still computes: woken, it would only find that and wait again, having cost the compute
+        thread a preemption and the GIL (caller holds the lock)."""
+        if not (self._reader_waits and self.computing()):
+            self.cond.notify_all()

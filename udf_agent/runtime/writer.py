@@ -86,7 +86,8 @@ class Writer:
             finally:
                 with self._cond:
                     self._writing = False
-                    self._cond.notify_all()
+                    if self._frames or self._closing:  # else the writer thread has nothing to wake for
+                        self._cond.notify_all()
         self.send(frame)
 
     def close(self, last_frame: bytes | None = None) -> None:
