@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from test_workqueue import CountedCondition
 
 from udf_agent import udf_pb2
 from udf_agent.runtime.transports import SocketConnection
@@ -229,26 +230,16 @@ def test_output_sent_while_the_writer_is_idle_leaves_from_the_sender_and_otherwi
     theirs.close()
 
 
-class _CountedCondition(threading.Condition):
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
-        self.wakes = 0
-
-    def notify_all(self) -> None:
-        self.wakes += 1
-        super().notify_all()
-
-
 def test_output_written_by_its_sender_never_wakes_the_idle_writer_thread(monkeypatch):
     """On a trickle each micro-batch's output leaves from the compute thread (``send_now``);
     waking the idle writer thread after each would cost the compute thread a preemption and
     the GIL for nothing."""
-    monkeypatch.setattr(threading, "Condition", _CountedCondition)
+    monkeypatch.setattr(threading, "Condition", CountedCondition)
     ours, theirs = socket.socketpair()
     writer = Writer(SocketConnection(ours))
     monkeypatch.undo()
     cond = writer._cond
-    assert isinstance(cond, _CountedCondition)
+    assert isinstance(cond, CountedCondition)
     frames = _keepalive_frames(0, 1)
     theirs.settimeout(10)
     for _ in range(100):

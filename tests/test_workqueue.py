@@ -44,11 +44,11 @@ def test_the_open_micro_batch_is_closed_and_taken_once_due():
     assert not work.computing()  # taken: none queued
 
 
-class _CountedCondition(threading.Condition):
+class CountedCondition(threading.Condition):
     """A Condition that counts its notify_all calls (each wakes every waiting thread)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
         self.wakes = 0
 
     def notify_all(self) -> None:
@@ -61,7 +61,7 @@ def test_a_reader_gathering_input_is_woken_only_once_no_micro_batch_is_left_to_c
     again, costing the compute thread a preemption and the GIL; a reader waiting for room
     (not gathering) is woken whenever an item is taken."""
     work = WorkQueue()
-    work.cond = counted = _CountedCondition()
+    work.cond = counted = CountedCondition()
     with work.cond:
         for item in (_compute(), _compute(), TakeSnapshot()):
             work.put(item)
