@@ -698,9 +698,10 @@ def test_a_killed_shared_server_is_invisible_to_its_tasks(drivers, shared_dir):
     outputs_before = [len(stream.driver.responses.of("point")) for stream in streams]
     killed = time.monotonic()
     os.killpg(server, signal.SIGKILL)  # the server, its JVM and its workers
-    # Outputs resume on a new server within 30 s.
+    # Outputs resume on a new server (its JVM and workers started: ~16 s on this 2-core machine,
+    # benchmarks/failover.py measures the gap; the bound here only has to outlast a busy machine).
     for stream, before in zip(streams, outputs_before):
-        stream.driver.responses.wait_for("point", before + 50, timeout=30 - (time.monotonic() - killed))
+        stream.driver.responses.wait_for("point", before + 50, timeout=90 - (time.monotonic() - killed))
     time.sleep(3)
     for stream in streams:
         latencies = stream.stop()

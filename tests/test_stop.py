@@ -274,7 +274,10 @@ def test_output_nobody_reads_stops_input_instead_of_growing_memory():
     frame = encode_frame(udf_pb2.Request(point=grouped_point(1, "a", 1.0)))
     count = 2_000_000  # ~110 MB of input
     with tempfile.TemporaryFile() as err:
-        agent = _initialised(["mirror", "--max-pending-points", "10000"], err)
+        # This test's reader decodes every frame in Python: on a busy machine the output queued
+        # when input ends takes it longer than the default --drain-timeout (5 s), and the rest
+        # would be dropped, as that option says. The drain deadline is not what is tested here.
+        agent = _initialised(["mirror", "--max-pending-points", "10000", "--drain-timeout", "120s"], err)
         try:
             decoder = FrameDecoder(udf_pb2.Response)
             written = [0]
