@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
-from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, send_message
+from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory
 from udf_agent.compute.contract import RESULT_SCHEMA, Job
 from udf_agent.compute.packed import ResultColumns, StreamTasks
@@ -335,12 +335,12 @@ class ResidentWorkers:
         kind, payload = (STREAM_TASKS, tasks.pack()) if isinstance(tasks, StreamTasks) else (TASKS, [table_message(tasks)])
         worker.exchange(deadline, self.batch_timeout, functools.partial(self._send_tasks, worker, key, pickled, kind, payload))
 
-    def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, kind: int, payload: list[Any]) -> None:
+    def _send_tasks(self, worker: Worker, key: bytes, pickled: bytes, kind: int, payload: list[Any], deadline: float) -> None:
         if key not in worker.jobs:
-            send_message(worker.sock, JOB, key, pickled)
+            worker.link.send(JOB, key, pickled, deadline=deadline)
             worker.jobs.add(key, None)
         worker.jobs.use(key)  # as the worker will on reading the tasks: the two caches stay alike
-        send_message(worker.sock, kind, key, *payload)
+        worker.link.send(kind, key, *payload, deadline=deadline)
 
     def _settle(self, worker: Worker, key: Hashable, tenant: Tenant | None, owed: int, deadline: float) -> None:
         """``worker`` still owes ``owed`` answers when its caller stops waiting for them (a

@@ -115,7 +115,7 @@ class WorkerGrants:
     def lose(self, worker: Worker, key: Hashable, tenant: Tenant | None) -> None:
         """Gives up a worker this task held, launching its slot again unless that happened
         already (its job ended first); its job is ended, cancelled if it must be."""
-        worker.sock.close()
+        worker.link.close()
         with self._cond:
             worker.busy = False
             now = time.monotonic()

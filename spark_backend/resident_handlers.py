@@ -17,7 +17,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from spark_backend.resident_grants import WorkerGrants
-from spark_backend.resident_protocol import HANDLER, handler_call_parts, read_handler_outcome, send_message
+from spark_backend.resident_protocol import HANDLER, handler_call_parts, read_handler_outcome
 from spark_backend.resident_slots import START_TIMEOUT, NoResidentWorker, ResidentSlots, Worker, WorkerLost
 
 if TYPE_CHECKING:  # the workers import the resident modules: no Spark session code there
@@ -56,7 +56,7 @@ class ResidentHandlers:
             parts = handler_call_parts(dataclasses.replace(call, forget=call.forget + forget), rebuild)
             deadline = time.monotonic() + batch_timeout
             try:
-                worker.exchange(deadline, batch_timeout, functools.partial(send_message, worker.sock, HANDLER, *parts))
+                worker.exchange(deadline, batch_timeout, functools.partial(worker.link.send, HANDLER, *parts))
                 kind, payload = worker.exchange(deadline, batch_timeout, worker.next_message)
             except WorkerLost as lost:
                 with self._cond:

@@ -1,4 +1,4 @@
-"""Messages between the agent and its resident workers, over TCP, both ways.
+"""Messages between the agent and its resident workers, over a unix socket on the agent's host, else TCP; both ways (``Link``).
 
 A header (kind: 1 byte, payload length: 8 bytes; ``udf_agent/wire/links.py``), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
@@ -12,8 +12,11 @@ another), what its handler wrote as RESULT in the same shape.
 from __future__ import annotations
 
 import json
+import math
 import os
+import select
 import socket
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -161,47 +164,112 @@ def _unframed(payload: bytearray) -> tuple[dict[str, Any], list[bytes]]:
 
 # Buffers handed to one sendmsg at most (Linux takes 1,024).
 MAX_GATHERED = 512
+# What one read of a link takes at most into its buffer: a trickle's whole message, header and
+# payload, in one system call. A payload larger than what arrived with its header is read
+# into its own buffer, not through this one.
+RECEIVE_BUFFER = 64 * 1024
 
 
-def send_message(sock: socket.socket, kind: int, *parts: bytes | bytearray | memoryview | pa.Buffer) -> None:
-    """One message whose payload is ``parts`` (bytes-like) one after another, never joined (a
-    micro-batch is megabytes, and copying it holds the GIL the reader needs) but gathered by
-    sendmsg: a small message is one system call, and one segment for the peer to wake to."""
-    pending = [memoryview(HEADER.pack(kind, sum(len(part) for part in parts)))]
-    pending += [memoryview(part).cast("B") for part in parts if len(part)]
-    first = 0
-    while first < len(pending):
-        sent = sock.sendmsg(pending[first : first + MAX_GATHERED])
-        while sent and sent >= len(pending[first]):
-            sent -= len(pending[first])
-            first += 1
-        if sent:
-            pending[first] = pending[first][sent:]
+class Link:
+    """One end of a resident link: each message out in one gathered write, in through a buffer
+    that takes whatever has arrived in one read (a slice's header and payload: one system
+    call, not two).
 
+    With ``deadlines`` (the agent's end, which never waits on a worker past the batch
+    timeout) the socket is non-blocking and each call is given a deadline, by which it waits
+    for the socket with poll only when it cannot go on at once: TimeoutError past it. A timeout
+    set on the socket instead was two system calls a micro-batch to set it, and a poll before
+    every read and write. Without (the worker's end), calls block as long as it takes."""
 
-def receive_message(sock: socket.socket, max_length: int | None = None) -> tuple[int, bytearray] | None:
-    """The next message, or None at a clean end of stream (before a header); ValueError if
-    its payload would be over ``max_length`` bytes (nothing of it is read)."""
-    header = receive_exactly(sock, HEADER.size, eof_ok=True)
-    if header is None:
-        return None
-    kind, length = HEADER.unpack(header)
-    if max_length is not None and length > max_length:
-        raise ValueError(f"a message of {length} bytes, over the {max_length} expected")
-    payload = receive_exactly(sock, length, eof_ok=False)
-    assert payload is not None
-    return kind, payload
+    def __init__(self, sock: socket.socket, deadlines: bool = False):
+        self.sock = sock
+        sock.setblocking(not deadlines)
+        self._readable = select.poll()
+        self._readable.register(sock, select.POLLIN)
+        self._writable = select.poll()
+        self._writable.register(sock, select.POLLOUT)
+        self._buffer = bytearray(RECEIVE_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0  # the bytes received and not yet taken
 
+    def close(self) -> None:
+        self.sock.close()
 
-def receive_exactly(sock: socket.socket, length: int, eof_ok: bool) -> bytearray | None:
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    received = 0
-    while received < length:
-        count = sock.recv_into(view[received:])
-        if count == 0:
-            if eof_ok and received == 0:
-                return None
-            raise ConnectionError(f"connection closed after {received} of {length} bytes")
-        received += count
-    return buffer
+    def send(self, kind: int, *parts: bytes | bytearray | memoryview | pa.Buffer, deadline: float | None = None) -> None:
+        """One message whose payload is ``parts`` (bytes-like) one after another, never joined (a
+        micro-batch is megabytes, and copying it holds the GIL the reader needs) but gathered by
+        sendmsg: a small message is one system call, and one segment for the peer to wake to."""
+        pending = [memoryview(HEADER.pack(kind, sum(len(part) for part in parts)))]
+        pending += [memoryview(part).cast("B") for part in parts if len(part)]
+        first = 0
+        while first < len(pending):
+            try:
+                sent = self.sock.sendmsg(pending[first : first + MAX_GATHERED])
+            except BlockingIOError:
+                self._wait(self._writable, deadline)
+                continue
+            while sent and sent >= len(pending[first]):
+                sent -= len(pending[first])
+                first += 1
+            if sent:
+                pending[first] = pending[first][sent:]
+
+    def receive(self, deadline: float | None = None, max_length: int | None = None) -> tuple[int, bytearray] | None:
+        """The next message, or None at a clean end of stream (before a header); ValueError if
+        its payload would be over ``max_length`` bytes (nothing of it is taken)."""
+        if not self._gather(HEADER.size, deadline):
+            return None
+        kind, length = HEADER.unpack_from(self._buffer, self._start)
+        if max_length is not None and length > max_length:
+            raise ValueError(f"a message of {length} bytes, over the {max_length} expected")
+        start = self._start + HEADER.size
+        buffered = self._end - start
+        if buffered >= length:
+            payload = bytearray(self._view[start : start + length])
+            self._start = start + length
+            return kind, payload
+        payload = bytearray(length)
+        payload[:buffered] = self._view[start : self._end]
+        self._start = self._end = 0
+        view, received = memoryview(payload), buffered
+        while received < length:
+            count = self._read(view[received:], deadline)
+            if count == 0:
+                raise ConnectionError(f"connection closed after {received} of {length} bytes")
+            received += count
+        return kind, payload
+
+    def _gather(self, size: int, deadline: float | None) -> bool:
+        """At least ``size`` bytes in the buffer; False at an end of stream before any."""
+        if self._end - self._start >= size:
+            return True
+        if self._start:  # what is left goes to the front, making room behind it
+            left = self._end - self._start
+            self._view[:left] = self._view[self._start : self._end]
+            self._start, self._end = 0, left
+        while self._end < size:
+            count = self._read(self._view[self._end :], deadline)
+            if count == 0:
+                if self._end == 0:
+                    return False
+                raise ConnectionError(f"connection closed after {self._end} of {size} bytes")
+            self._end += count
+        return True
+
+    def _read(self, into: memoryview, deadline: float | None) -> int:
+        if deadline is not None:
+            self._wait(self._readable, deadline)
+        while True:
+            try:
+                return self.sock.recv_into(into)
+            except BlockingIOError:  # woken for nothing
+                self._wait(self._readable, deadline)
+
+    @staticmethod
+    def _wait(poller: select.poll, deadline: float | None) -> None:
+        if deadline is None:
+            poller.poll()
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not poller.poll(math.ceil(remaining * 1000)):
+            raise TimeoutError("the link's deadline passed")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, WorkerAddress, receive_message, send_message
+from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, Link, WorkerAddress
 from spark_backend.resident_worker import serve_slot
 from udf_agent.errors import first_line
 
@@ -83,7 +83,7 @@ class SlotJob(threading.Thread):
 class Worker:
     """A resident worker's connection, and what the agent keeps about it."""
 
-    sock: socket.socket
+    link: Link
     slot: int
     launch: int
     pid: int
@@ -97,23 +97,21 @@ class Worker:
     def __str__(self) -> str:
         return f"resident worker {self.slot} (pid {self.pid})"
 
-    def exchange(self, deadline: float, batch_timeout: float, action: Callable[[], T]) -> T:
-        """``action`` on the connection, by ``deadline``: WorkerTimedOut past it, WorkerLost
-        if the connection fails."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    def exchange(self, deadline: float, batch_timeout: float, action: Callable[..., T]) -> T:
+        """``action(deadline=deadline)`` on the connection: WorkerTimedOut past the deadline,
+        WorkerLost if the connection fails."""
+        if deadline <= time.monotonic():
             raise WorkerTimedOut(f"{self} returned no result within the batch timeout ({batch_timeout:g} s)")
-        self.sock.settimeout(remaining)
         try:
-            return action()
+            return action(deadline=deadline)
         except TimeoutError:
             raise WorkerTimedOut(f"{self} returned no result within the batch timeout ({batch_timeout:g} s)") from None
         except OSError as exc:
             raise WorkerLost(f"{self} was lost: {exc}") from None
 
-    def next_message(self) -> tuple[int, bytearray]:
-        """The worker's next message; its end of stream counts as losing it."""
-        message = receive_message(self.sock)
+    def next_message(self, deadline: float) -> tuple[int, bytearray]:
+        """The worker's next message by ``deadline``; its end of stream counts as losing it."""
+        message = self.link.receive(deadline)
         if message is None:
             raise ConnectionError("it closed its connection")
         return message
@@ -128,7 +126,7 @@ class Worker:
 class Greeting:
     """Who a connection on the workers' port says it is, once it proved it knows the token."""
 
-    sock: socket.socket
+    link: Link
     slot: int
     launch: int
     pid: int
@@ -136,6 +134,8 @@ class Greeting:
 
 # A worker's hello is a line of JSON; anything longer is not one.
 HELLO_MAX_BYTES = 4096
+# Seconds a connection at the door has to say hello (and to take the welcome).
+HELLO_WAIT = 10.0
 
 
 class WorkerDoor:
@@ -198,17 +198,17 @@ class WorkerDoor:
 
     def _greet(self, sock: socket.socket) -> Greeting | None:
         try:
-            sock.settimeout(10)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            hello = receive_message(sock, max_length=HELLO_MAX_BYTES)
+            link = Link(sock, deadlines=True)
+            hello = link.receive(time.monotonic() + HELLO_WAIT, max_length=HELLO_MAX_BYTES)
             if hello is None or hello[0] != HELLO:
                 raise ValueError("no hello")
             details = json.loads(hello[1])
             if not isinstance(details, dict) or not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
                 raise ValueError("wrong token")
-            greeting = Greeting(sock, int(details["slot"]), int(details["launch"]), int(details["pid"]))
-            send_message(sock, WELCOME, self.token.encode())
+            greeting = Greeting(link, int(details["slot"]), int(details["launch"]), int(details["pid"]))
+            link.send(WELCOME, self.token.encode(), deadline=time.monotonic() + HELLO_WAIT)
             return greeting
         # Anyone on the host may connect: whatever it sends, the door stays open for the workers.
         except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
@@ -372,7 +372,7 @@ class ResidentSlots:
                 return  # retired or relaunched: nobody waits on this launch
             worker, slot.worker = slot.worker, None
             if worker is not None and not worker.busy:
-                worker.sock.close()  # an idle worker whose job ended is gone; a busy one is lost by its reader
+                worker.link.close()  # an idle worker whose job ended is gone; a busy one is lost by its reader
             if error is not None or slot.served:
                 log.warning("Spark's resident job of slot %d ended: %s", slot.index, worker_end(error) if error is not None else "its worker left")
             if slot.served and not self.stopped.is_set():
@@ -387,9 +387,9 @@ class ResidentSlots:
             with self.cond:
                 slot = self._slots[greeting.slot] if 0 <= greeting.slot < len(self._slots) else None
                 if slot is None or slot.launch != greeting.launch or slot.worker is not None or slot.job_thread is None or self.stopped.is_set():
-                    greeting.sock.close()  # a launch since retired or relaunched: its task ends
+                    greeting.link.close()  # a launch since retired or relaunched: its task ends
                     continue
-                worker = slot.worker = Worker(greeting.sock, greeting.slot, greeting.launch, greeting.pid, time.monotonic(), slot.job_thread)
+                worker = slot.worker = Worker(greeting.link, greeting.slot, greeting.launch, greeting.pid, time.monotonic(), slot.job_thread)
                 slot.served = True
                 count = self.connected()
                 self.cond.notify_all()
@@ -417,7 +417,7 @@ class ResidentSlots:
         retired = []
         for slot in self._slots:
             if slot.worker is not None:
-                slot.worker.sock.close()
+                slot.worker.link.close()
             if slot.job_thread is not None:
                 retired.append((slot.job_thread, slot.job_group))
             slot.worker, slot.job_thread, slot.launch = None, None, 0

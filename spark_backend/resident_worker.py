@@ -10,7 +10,6 @@ import hmac
 import json
 import os
 import pickle
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,12 +27,11 @@ from spark_backend.resident_protocol import (
     STREAM_TASKS,
     WELCOME,
     JobCache,
+    Link,
     WorkerAddress,
     describe_failure,
     handler_outcome_parts,
     read_handler_call,
-    receive_message,
-    send_message,
 )
 from udf_agent.compute import packed
 from udf_agent.compute.contract import TASK_SCHEMA, Job
@@ -62,19 +60,19 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
     # thousand micro-batches, a stall of every point waiting on this worker (runtime.collector).
     freeze_startup_objects("resident worker ready")
     served = 0
-    sock = _join_agent(address, token, slot, launch)
-    if sock is None:
+    link = _join_agent(address, token, slot, launch)
+    if link is None:
         yield pd.DataFrame({"slot": [slot], "served": [served]})
         return
-    with sock:
+    with link.sock:
         sending = threading.Lock()
-        guard = _MemoryGuard(memory_limit, sock, sending) if memory_limit else None
+        guard = _MemoryGuard(memory_limit, link, sending) if memory_limit else None
         jobs: JobCache[Job] = JobCache()
         handlers = HandlerHosts()  # the Kapacitor Handler scripts' tasks that live here
-        while (message := receive_message(sock)) is not None:
+        while (message := link.receive()) is not None:
             kind, payload = message
             if kind == HANDLER:
-                _call_handler(handlers, payload, sock, sending, guard)
+                _call_handler(handlers, payload, link, sending, guard)
                 served += 1
                 continue
             key, body = bytes(payload[:JOB_KEY_BYTES]), memoryview(payload)[JOB_KEY_BYTES:]
@@ -98,14 +96,14 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
             with sending:
                 if guard is not None:
                     guard.computing.clear()
-                send_message(sock, answer, *content)
+                link.send(answer, *content)
             if not served:  # what the first micro-batch imported and built lives as long
                 freeze_startup_objects("resident worker's first micro-batch")
             served += 1
     yield pd.DataFrame({"slot": [slot], "served": [served]})
 
 
-def _call_handler(handlers: HandlerHosts, payload: bytearray, sock: socket.socket, sending: threading.Lock, guard: _MemoryGuard | None) -> None:
+def _call_handler(handlers: HandlerHosts, payload: bytearray, link: Link, sending: threading.Lock, guard: _MemoryGuard | None) -> None:
     if guard is not None:
         guard.computing.set()
     try:
@@ -116,7 +114,7 @@ def _call_handler(handlers: HandlerHosts, payload: bytearray, sock: socket.socke
     with sending:
         if guard is not None:
             guard.computing.clear()
-        send_message(sock, answer, *parts)
+        link.send(answer, *parts)
 
 
 class _MemoryGuard:
@@ -124,10 +122,10 @@ class _MemoryGuard:
     while a part computes: the UDF's micro-batch fails with a clear error instead of the
     host's out-of-memory killer picking the JVM or the server. Asleep between parts."""
 
-    def __init__(self, limit: int, sock: socket.socket, sending: threading.Lock):
+    def __init__(self, limit: int, link: Link, sending: threading.Lock):
         self.limit = limit
         self.computing = threading.Event()
-        self._sock = sock
+        self._link = link
         self._sending = sending
         self._page = os.sysconf("SC_PAGE_SIZE")
         threading.Thread(target=self._watch, name="udf-agent-memory-guard", daemon=True).start()
@@ -149,12 +147,12 @@ class _MemoryGuard:
             if self.computing.is_set():  # not if the part's answer went out meanwhile
                 message = f"its resident Python worker (pid {os.getpid()}) used {used / 2**20:.0f} MiB, past --worker-memory {self.limit / 2**20:.0f} MiB: the micro-batch was abandoned and the worker replaced"
                 try:
-                    send_message(self._sock, OVER_MEMORY, message.encode())
+                    self._link.send(OVER_MEMORY, message.encode())
                 finally:
                     os._exit(OVER_MEMORY_EXIT)
 
 
-def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> socket.socket | None:
+def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> Link | None:
     """The connection to the agent, past its welcome; None if the agent let this task go
     before it got a core (its listener closed: stopped, released when idle, relaunched)."""
     try:
@@ -162,8 +160,9 @@ def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> s
     except ConnectionRefusedError:
         return None
     try:
-        send_message(sock, HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid()}).encode())
-        welcome = receive_message(sock)
+        link = Link(sock)
+        link.send(HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid()}).encode())
+        welcome = link.receive()
     except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed
         welcome = None
     if welcome is None:
@@ -172,4 +171,4 @@ def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> s
     if welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
         sock.close()
         raise ConnectionError("the agent did not answer with this task's token")
-    return sock
+    return link

@@ -18,13 +18,11 @@ from spark_backend.resident_protocol import (
     HEADER,
     HELLO,
     KEPT_JOBS,
-    MAX_GATHERED,
     WELCOME,
     JobCache,
+    Link,
     WorkerAddress,
     describe_failure,
-    receive_message,
-    send_message,
 )
 from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
@@ -35,17 +33,6 @@ from udf_agent.errors import first_line
 from udf_agent.library.builtins import moving_avg
 
 pytestmark = pytest.mark.spark
-
-
-def test_a_message_of_many_parts_and_megabytes_arrives_whole_over_a_real_socket():
-
-    parts = [bytes([n % 251]) * (n % 7 + 1) for n in range(MAX_GATHERED * 2 + 3)] + [b"", os.urandom(4 << 20), bytearray(b"end")]
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        sender = threading.Thread(target=send_message, args=(ours, 5, *parts))
-        sender.start()  # the socket takes far less than 4 MiB at once: sends are partial
-        assert receive_message(theirs) == (5, bytearray(b"".join(parts)))
-        sender.join()
 
 
 def test_a_task_or_result_table_travels_as_one_message_whatever_its_chunks():
@@ -181,7 +168,7 @@ def test_a_job_let_go_by_the_workers_is_sent_again_after_many_others(spark_engin
     with spark_engine.resident._cond:
         workers = list(spark_engine.resident._slots.workers())
     assert workers and all(len(worker.jobs) <= KEPT_JOBS for worker in workers)
-    assert all(worker.sock.family == socket.AF_UNIX for worker in workers)  # on the agent's host: its unix socket
+    assert all(worker.link.sock.family == socket.AF_UNIX for worker in workers)  # on the agent's host: its unix socket
 
 
 def test_a_worker_failure_outside_the_udf_says_what_failed_and_where(spark_engine):
@@ -418,13 +405,14 @@ def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
 
     def hello(details: dict | bytes) -> tuple[int, bytearray] | None:
         with connect() as sock:
-            send_message(sock, HELLO, details if isinstance(details, bytes) else json.dumps(details).encode())
-            return receive_message(sock)
+            link = Link(sock, deadlines=True)
+            link.send(HELLO, details if isinstance(details, bytes) else json.dumps(details).encode(), deadline=time.monotonic() + 10)
+            return link.receive(time.monotonic() + 10)
 
     def huge_header() -> tuple[int, bytearray] | None:
         with connect() as sock:
             sock.sendall(HEADER.pack(HELLO, 2**62))  # a length no hello has; nothing after it
-            return receive_message(sock)
+            return Link(sock, deadlines=True).receive(time.monotonic() + 10)
 
     try:
         assert hello({"token": "guessed", "slot": 0, "launch": 1, "pid": 7}) is None  # closed, unanswered

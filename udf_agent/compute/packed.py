@@ -127,12 +127,10 @@ def pack(numbers: Sequence[np.ndarray], blobs: Sequence[Blobs]) -> list[Any]:
     """Columns of one length as a message's parts: the row count, each number column, each
     blob column's lengths, then each blob column's bytes (handed on, never joined here)."""
     count = len(blobs[0]) if blobs else len(numbers[0])
-    integers = [np.array([count], INTEGERS), *numbers, *(column.lengths for column in blobs)]
-    return [_bytes_of(column) for column in integers] + [column.data for column in blobs]
-
-
-def _bytes_of(column: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(column, INTEGERS).tobytes())
+    # The integers as one part: a part costs the link a buffer to gather (and Python a
+    # conversion), six of them a trickle's slice.
+    integers = np.concatenate(([count], *numbers, *(column.lengths for column in blobs)), dtype=INTEGERS)
+    return [integers.tobytes()] + [column.data for column in blobs]
 
 
 def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[np.ndarray], list[Blobs]]:
