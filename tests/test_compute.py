@@ -383,6 +383,30 @@ def test_a_udf_may_write_into_its_frame_without_touching_what_the_runner_decoded
     assert user_frame(decoded_points)[0]["v"].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_frame_made_of_its_arrays_equals_the_one_pandas_builds_of_them():
+    """``frame_of`` skips pandas' constructor (its checks cost more than a trickle's UDF): what
+    it makes of every kind of column a UDF is given is the frame pandas would make."""
+    import numpy as np
+
+    from udf_agent.compute.frame import INPUT_ROW, frame_of
+
+    rows = 4
+    arrays = [
+        pd.array(pd.to_datetime(np.arange(rows), unit="ns", utc=True)),
+        np.array([1.5, np.nan, 3.0, 4.0]),
+        pd.array([1, None, 3, 4], dtype="Int64"),
+        np.array(["a", None, "c", "d"], dtype=object),
+        np.array([True, False, True, False]),
+    ]
+    names = ("time", "f", "i", "s", "b")
+    index = pd.RangeIndex(rows, name=INPUT_ROW)
+    frame = frame_of(arrays, names, index)
+    pd.testing.assert_frame_equal(frame, pd.DataFrame(dict(zip(names, arrays)), index=index))
+    frame.loc[1, "f"] = 2.0  # a frame like any other: written, grown, sliced
+    frame["g"] = frame["f"] * 2
+    assert frame.iloc[1:3]["g"].tolist() == [4.0, 6.0] and frame["i"].isna().tolist() == [False, True, False, False]
+
+
 def test_a_udf_adds_a_column_to_a_frame_of_many_fields_without_a_fragmentation_warning():
     # A few columns are one block each (no copies); many are stacked, as pandas expects of them.
     fields = {f"f{i:03d}": float(i) for i in range(150)}

@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas._libs.internals import BlockPlacement
 from pandas.core.arrays import DatetimeArray
+from pandas.core.internals.blocks import ensure_block_shape, new_block_2d
 from pandas.core.internals.construction import arrays_to_mgr
+from pandas.core.internals.managers import BlockManager
 
 from udf_agent.wire import columns as cols
 from udf_agent.wire.pointcodec import DecodedPoints
@@ -58,9 +61,24 @@ def user_frame(points: DecodedPoints, reads: frozenset[str] | None = None) -> tu
     # which pandas does later if an operation wants it. Many columns are stacked all the
     # same: pandas warns of a "highly fragmented" frame past 100 blocks when a UDF adds one.
     index = pd.RangeIndex._simple_new(range(points.num_rows), name=INPUT_ROW)  # the public constructor checks its arguments: 5 against 1 µs
-    stack = len(columns) > FEW_COLUMNS
-    manager = arrays_to_mgr(list(columns.values()), column_index(tuple(columns)), index, verify_integrity=False, typ="block", consolidate=stack)
-    return pd.DataFrame._from_mgr(manager, axes=manager.axes), plan.layout
+    if len(columns) > FEW_COLUMNS:
+        manager = arrays_to_mgr(list(columns.values()), column_index(tuple(columns)), index, verify_integrity=False, typ="block", consolidate=True)
+        return pd.DataFrame._from_mgr(manager, axes=manager.axes), plan.layout
+    return frame_of(list(columns.values()), tuple(columns), index), plan.layout
+
+
+def frame_of(arrays: list[Any], names: tuple[str, ...], index: pd.Index) -> pd.DataFrame:
+    """A frame of ``arrays`` (final dtypes, one per column, as long as ``index``), one block a
+    column, the arrays themselves as its values: pandas' constructors check and group them
+    again (``arrays_to_mgr``: 23 against 14 µs a frame of one column, 33 against 24 of two)."""
+    blocks = tuple(new_block_2d(ensure_block_shape(array, 2), _placement(place)) for place, array in enumerate(arrays))
+    manager = BlockManager(blocks, [column_index(names), index], verify_integrity=False)
+    return pd.DataFrame._from_mgr(manager, axes=manager.axes)
+
+
+@lru_cache(maxsize=FEW_COLUMNS)
+def _placement(place: int) -> BlockPlacement:
+    return BlockPlacement(slice(place, place + 1))
 
 
 @dataclass(frozen=True)

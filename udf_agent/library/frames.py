@@ -41,17 +41,12 @@ def float_frame(df: pd.DataFrame, name: str, values: np.ndarray) -> pd.DataFrame
     """A frame of one float column, NAME, row for row with DF (a vectorized UDF's result).
 
     Made from the array as it is, under a column index kept per name
-    (``compute.frame.column_index``): pandas makes and checks a new index from a list of
-    names on every call, several times the cost of the frame itself at a trickle."""
-    import pandas as pd
-    from pandas.core.internals.construction import arrays_to_mgr
+    (``compute.frame.frame_of``): pandas' public constructor makes and checks a new index from
+    a list of names, and checks the array and the axes again, on every call, several times the
+    cost of the frame itself at a trickle."""
+    from udf_agent.compute.frame import frame_of
 
-    from udf_agent.compute.frame import column_index
-
-    # As ``compute.frame.user_frame`` builds its frames: pandas' public constructor checks
-    # the array and the axes again (16 against 9 µs a call on 20 rows).
-    manager = arrays_to_mgr([values], column_index((name,)), df.index, verify_integrity=False, typ="block", consolidate=False)
-    return pd.DataFrame._from_mgr(manager, axes=manager.axes)
+    return frame_of([values], (name,), df.index)
 
 
 def places_in_groups(starts: np.ndarray) -> np.ndarray:
