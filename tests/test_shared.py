@@ -345,6 +345,22 @@ def test_allow_module_travels_with_its_task_to_the_shared_server(drivers, shared
     assert len(shared_server_pids(shared_dir)) == 1
 
 
+def test_a_child_the_server_forks_is_not_counted_as_a_second_server(shared_dir):
+    """Between its fork and its exec, the child that starts Spark's JVM has the server's
+    command line: counted, a test saw two servers where there was one."""
+    forks = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('forked', flush=True)\ntime.sleep(60)"
+    server = subprocess.Popen(
+        [sys.executable, "-c", forks, "shared-server", "--socket", os.path.join(shared_dir, "key.sock")], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"forked\n"
+        assert len(descendants(server.pid)) == 1  # the child is there, with the same command line
+        assert shared_server_pids(shared_dir) == [server.pid]
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def test_a_redefined_task_runs_the_udf_module_as_edited_since(drivers, shared_dir, tmp_path):
     module = tmp_path / "scaled.py"
 

@@ -321,7 +321,9 @@ def server_alive(welcome: Welcome) -> bool:
 
 
 def shared_server_pids(directory: str) -> list[int]:
-    """The live shared servers whose sockets are in ``directory`` (found by command line)."""
+    """The live shared servers whose sockets are in ``directory``: found by command line, and
+    each leads its own session (``_start``). A child the server forks (to start Spark's JVM)
+    has the same command line until it execs, and is no second server."""
     prefix = os.fsencode(os.path.join(directory, ""))
     pids = []
     for entry in os.listdir("/proc"):
@@ -330,9 +332,13 @@ def shared_server_pids(directory: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-        except OSError:
+            if b"shared-server" not in argv or not any(arg.startswith(prefix) for arg in argv):
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                session = int(f.read().rsplit(b")", 1)[1].split()[3])  # after state, ppid, pgrp
+        except (OSError, IndexError, ValueError):
             continue
-        if b"shared-server" in argv and any(arg.startswith(prefix) for arg in argv):
+        if session == int(entry):
             pids.append(int(entry))
     return pids
 
