@@ -13,7 +13,7 @@ from udf_agent.compute.engine import LocalEngine
 from udf_agent.runtime import inbox
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.pacing import PAUSE, SMALL_READ, ReadPacer
+from udf_agent.runtime.pacing import FLOWING_AFTER_PAUSE, PAUSE, SMALL_READ, ReadPacer
 from udf_agent.testing import InProcessAgent
 
 
@@ -32,12 +32,31 @@ def test_back_to_back_small_reads_pause_and_keep_pausing_while_input_flows():
     now += 0.00003
     assert pacer.after_read(300, now) == 0  # two in a row may be one point's two writes
     pauses = []
+    size = 300
     for _ in range(50):
         now += 0.00003  # read, handled, and the next read returns at once
-        pause = pacer.after_read(300, now)
+        pause = pacer.after_read(size, now)
         pauses.append(pause)
         now += pause
+        size = FLOWING_AFTER_PAUSE  # what gathered during the pause: a few points at least
     assert pauses == [PAUSE] * 50  # the pause itself does not end the flow
+
+
+def test_a_burst_in_a_trickle_pauses_once_and_the_trickle_is_read_at_once_again():
+    """At 1 k points/s, three points written back to back (a writer catching up) look like a
+    flow; the pause then gathers two points, read at once after it. Counted as flowing, every
+    read from then on was paused: the relay (2 ms) made each point wait ~1 ms more."""
+    pacer = ReadPacer(pause=0.002)
+    now = 0.0
+    pauses = []
+    for _ in range(3):
+        pauses.append(pacer.after_read(181, now))
+        now += 0.00003
+    assert pauses == [0.0, 0.0, 0.002]
+    now += 0.002  # paused: two points came meanwhile, read at once
+    assert pacer.after_read(362, now) == 0.0
+    # The trickle goes on, a point a millisecond, read as it comes.
+    assert [pacer.after_read(181, now + t / 1000) for t in range(1, 100)] == [0.0] * 99
 
 
 def test_a_big_read_is_not_paused_after():

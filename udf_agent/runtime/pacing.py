@@ -6,7 +6,9 @@ call and a pass through the framing and session code for each. While reads come 
 with little in them, a short pause lets the pipe fill and the next read takes many points. At a
 trickle the reader never pauses, so latency at low rates is what it was: a point's two writes
 make two reads back to back, so it takes three in a row, each within ``flowing_gap`` of the one
-before, to count as flowing. The pause bounds what is added at high rates.
+before, to count as flowing; and a pause that gathered only a few points ends the flow (a burst
+in a trickle, or a rate too low for a pause to be worth it). The pause bounds what is added at
+high rates.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ FLOWING_GAP = 0.0005
 FLOWING_READS = 3
 # A read this big already carried many points: no pause after it.
 SMALL_READ = 16 * 1024
+# A pause worth its wait gathers at least this much (a few points). A read after a pause that
+# brings less is a trickle's: the input no longer flows. At 1 k points/s the relay's 2 ms
+# pause gathered 2 or 3 points, the read after it came at once, and without this the relay
+# paused before every read from then on: ~1 ms more wait for every point.
+FLOWING_AFTER_PAUSE = 1024
 # While a micro-batch computes, small reads wait for it to end, this long at most
 # (``Inbox._gather_while_computing``): what a keepalive's answer may wait more.
 COMPUTE_GATHER = 0.005
@@ -34,13 +41,18 @@ class ReadPacer:
         self._small_read = small_read
         self._ready_at = float("-inf")
         self._in_a_row = 0
+        self._paused = False
 
     def after_read(self, size: int, now: float) -> float:
         """Seconds to pause before reading again, given a read of ``size`` bytes at ``now``."""
-        self._in_a_row = self._in_a_row + 1 if now - self._ready_at < self._flowing_gap else 1
+        if self._paused and size < FLOWING_AFTER_PAUSE:
+            self._in_a_row = 1  # the pause gathered a trickle's few points
+        else:
+            self._in_a_row = self._in_a_row + 1 if now - self._ready_at < self._flowing_gap else 1
         flowing = self._in_a_row >= FLOWING_READS
         pause = self._pause if flowing and size < self._small_read else 0.0
         # From the end of the pause: a reader that paused is flowing if the next read
-        # returns at once, not because of the time it spent pausing.
+        # returns at once with what gathered meanwhile, not because of the time it paused.
         self._ready_at = now + pause
+        self._paused = pause > 0
         return pause
