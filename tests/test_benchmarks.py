@@ -118,11 +118,12 @@ def _project_moving_avg(frames: bytes) -> list[udf_pb2.Point]:
     from udf_agent.testing import InProcessAgent, option
 
     # A fresh clone compiles the numba kernels on the first micro-batch (10-20 s on a loaded
-    # machine): the default 5 s drain after EOF would drop the output this test compares.
-    agent = InProcessAgent(BUILTINS["moving_avg"], Engines(LocalEngine), AgentConfig(drain_timeout=120))
+    # machine, over 60 s in a slow hour): the default 5 s drain after EOF would drop the output
+    # this test compares, and the wait for the end must outlast the drain.
+    agent = InProcessAgent(BUILTINS["moving_avg"], Engines(LocalEngine), AgentConfig(drain_timeout=240))
     assert agent.driver.init(*(option(name, value) for name, value in MOVING_AVG_OPTIONS)).success
     agent.driver.send_raw(frames)
-    assert agent.finish(timeout=60) == 0
+    assert agent.finish(timeout=300) == 0
     return agent.driver.responses.of("point")
 
 
