@@ -174,7 +174,7 @@ class ClassicSession:
             raise SparkStartError(str(exc)) from None
         check_reachable(settings.master)
         log.info("starting Spark (master %s, Java %d at %s)", settings.master, version, java)
-        conf = agent_conf(settings)
+        conf = agent_conf(settings, java)
         if log_format() == "json":
             _start_jvm_logging_through_us(settings, conf)
         builder = Builder.builder.master(settings.master).appName(settings.app_name)

@@ -93,9 +93,10 @@ def default_worker_memory(slots: int) -> int:
     return max(MIN_WORKER_MEMORY, int(host_memory() * WORKER_MEMORY_SHARE / max(1, slots)))
 
 
-def agent_conf(settings: SparkSettings) -> dict[str, str]:
+def agent_conf(settings: SparkSettings, java: str | None = None) -> dict[str, str]:
     """Spark's configuration for this agent, as Spark conf (nothing set in our environment):
-    the defaults, what its Python workers need, then the user's ``--conf``, which wins."""
+    the defaults, what its Python workers need, then the user's ``--conf``, which wins.
+    With ``java``, the JVM that will run: its class archive, if built, is mapped."""
     needs = {}
     # Workers run this interpreter (it has pyarrow and the UDF's module) and import what the
     # agent can: the UDF's module may live next to the current directory only. A PYSPARK_PYTHON
@@ -114,6 +115,10 @@ def agent_conf(settings: SparkSettings) -> dict[str, str]:
     level = "INFO" if logging.getLogger().getEffectiveLevel() <= logging.DEBUG else "WARN"
     log_config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-json.properties" if log_format() == "json" else "log4j2.properties")
     java_options = DEFAULT_CONF["spark.driver.extraJavaOptions"]
+    if java is not None:
+        from spark_backend.class_archive import java_option
+
+        java_options = f"{java_options} {java_option(java)}".rstrip()
     needs["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile=file:{log_config} -Dudf_agent.spark.level={level}"
     if settings.dispatch == "resident" and settings.master.startswith("local"):
         # The cleaner polls 10 times a second. On an embedded Spark with resident workers a job

@@ -26,6 +26,8 @@ def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java
     yield Check("python", True, f"{sys.version.split()[0]} at {sys.executable}")
     java = check_java() if uses_java else Check("java", True, "not needed: Spark Connect computes elsewhere")
     yield java
+    if uses_java and java.ok:
+        yield check_class_archive()
     libraries = check_libraries()
     yield libraries
     yield check_compiled()
@@ -50,6 +52,19 @@ def check_kapacitor_agent() -> Check:
         name, False,
         f"a script would import {origin}, not udf-agent's ({ours}): take Kapacitor's agent directory off PYTHONPATH (in kapacitor.conf, [udf.functions.NAME.env]) to run scripts on udf-agent",
     )
+
+
+def check_class_archive() -> Check:
+    """Whether Spark's JVM starts on a class archive (``udf-agent prepare``): never a failure,
+    a start without one only takes longer."""
+    from spark_backend.class_archive import archive_path, usable_archive
+    from spark_backend.java import find_java
+
+    java = find_java()
+    archive = usable_archive(java)
+    if archive is None:
+        return Check("spark classes", True, f"no archive for this Java and PySpark (none at {archive_path(java)}): 'udf-agent prepare' builds one, and Spark then starts in about half the time")
+    return Check("spark classes", True, f"{archive.path} ({archive.size / 2**20:.0f} MiB): Spark's JVM maps it as it starts")
 
 
 def check_java() -> Check:
