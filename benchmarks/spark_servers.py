@@ -30,6 +30,15 @@ def accepts(port: int) -> bool:
         return False
 
 
+def class_archive_option() -> str:
+    """The option that maps the class archive ``udf-agent prepare`` built ('' without one)."""
+    from spark_backend.class_archive import usable_archive
+    from spark_backend.java import find_java
+
+    archive = usable_archive(find_java())
+    return "" if archive is None else f"-XX:SharedArchiveFile={archive.path}"
+
+
 class Daemons:
     """Spark server processes, each in its own process group; ``stop`` kills every one."""
 
@@ -40,6 +49,11 @@ class Daemons:
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
+        # Their JVMs run from the same jars as the agent's: they map its class archive, if
+        # built (udf-agent prepare), as a host's own daemons can (docs/deployment.md).
+        self.java_options = class_archive_option()
+        if self.java_options:
+            self.env["SPARK_DAEMON_JAVA_OPTS"] = self.java_options
         self.started: list[subprocess.Popen[bytes]] = []
         self._named: dict[str, tuple[subprocess.Popen[bytes], tuple[str, ...]]] = {}
 
@@ -118,8 +132,9 @@ def connect_server(work: Path, master: str = "local[2]", conf: dict[str, str] | 
     port = free_port()
     settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1", "spark.ui.enabled": "false", **(conf or {})}
     try:
+        java_options = ("--driver-java-options", daemons.java_options) if daemons.java_options else ()
         log_path = daemons.start(
-            "connect", "spark-submit", "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
+            "connect", "spark-submit", *java_options, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", master,
             *(arg for key, value in settings.items() for arg in ("--conf", f"{key}={value}")), "spark-internal",
         )
         daemons.wait_for("the Spark Connect server did not listen", lambda: accepts(port), log_path)
