@@ -128,9 +128,10 @@ def build(java: str, say: Callable[[str], None] = lambda line: None) -> Archive:
         size = pending.stat().st_size
         manifest = {"size": size, "java": os.path.realpath(java), "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         os.replace(pending, final)
-        written = _manifest(final).with_name(_manifest(final).name + f".{os.getpid()}.tmp")
+        record = _manifest(final)
+        written = record.with_name(f"{record.name}.{os.getpid()}.tmp")
         written.write_text(json.dumps(manifest))
-        os.replace(written, _manifest(final))
+        os.replace(written, record)
         return Archive(final, size)
     finally:
         pending.unlink(missing_ok=True)
