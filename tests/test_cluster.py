@@ -255,8 +255,6 @@ def test_an_idle_task_gives_its_cores_back(server, tasks, request):
         idle.responses.wait_for("point", 2, timeout=60)
     finally:
         feeder.stop()
-        for name, d in (("idle", idle), ("busy", busy), ("third", third)):
-            open(f"/tmp/s47/idle-{server}-{name}.log", "w").write(d.log())
 
 
 # ---- a Spark Connect session for as long as the task lives ----
