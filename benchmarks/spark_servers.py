@@ -15,6 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from spark_backend.class_archive import java_option
+from spark_backend.java import find_java
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -30,15 +33,6 @@ def accepts(port: int) -> bool:
         return False
 
 
-def class_archive_option() -> str:
-    """The option that maps the class archive ``udf-agent prepare`` built ('' without one)."""
-    from spark_backend.class_archive import usable_archive
-    from spark_backend.java import find_java
-
-    archive = usable_archive(find_java())
-    return "" if archive is None else f"-XX:SharedArchiveFile={archive.path}"
-
-
 class Daemons:
     """Spark server processes, each in its own process group; ``stop`` kills every one."""
 
@@ -51,7 +45,7 @@ class Daemons:
         self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
         # Their JVMs run from the same jars as the agent's: they map its class archive, if
         # built (udf-agent prepare), as a host's own daemons can (docs/deployment.md).
-        self.java_options = class_archive_option()
+        self.java_options = java_option(find_java())
         if self.java_options:
             self.env["SPARK_DAEMON_JAVA_OPTS"] = self.java_options
         self.started: list[subprocess.Popen[bytes]] = []
