@@ -402,9 +402,21 @@ def test_a_frame_made_of_its_arrays_equals_the_one_pandas_builds_of_them():
     index = pd.RangeIndex(rows, name=INPUT_ROW)
     frame = frame_of(arrays, names, index)
     pd.testing.assert_frame_equal(frame, pd.DataFrame(dict(zip(names, arrays)), index=index))
+    # Where each column lies is given, not worked out by pandas: the same as pandas' own.
+    given = frame._mgr.blknos.tolist(), frame._mgr.blklocs.tolist()
+    frame._mgr._rebuild_blknos_and_blklocs()
+    assert given == (frame._mgr.blknos.tolist(), frame._mgr.blklocs.tolist())
     frame.loc[1, "f"] = 2.0  # a frame like any other: written, grown, sliced
     frame["g"] = frame["f"] * 2
     assert frame.iloc[1:3]["g"].tolist() == [4.0, 6.0] and frame["i"].isna().tolist() == [False, True, False, False]
+    # Changed the ways pandas rewrites where its columns lie, twice: each frame its own.
+    for _ in range(2):
+        changed, expected = frame_of(arrays, names, index), pd.DataFrame(dict(zip(names, arrays)), index=index)
+        for each in (changed, expected):
+            each.insert(1, "h", 0.5)
+            each["b"] = each["f"] + 1  # a column of another dtype in place
+            del each["s"]
+        pd.testing.assert_frame_equal(changed, expected)
 
 
 def test_a_udf_adds_a_column_to_a_frame_of_many_fields_without_a_fragmentation_warning():

@@ -98,16 +98,22 @@ def test_a_packed_message_cut_anywhere_or_with_bytes_past_its_columns_is_refused
         unpack(whole + b"\x00", 1, 4)
     with pytest.raises(ValueError, match="cannot hold"):
         unpack(np.array([-1], "<i8").tobytes(), 1, 4)
-    for lengths in ([-2, 0, 0], [2**62, 2**62, 2**62]):  # no length, or lengths whose sum wraps around
-        broken = dataclasses.replace(_tasks(), histories=Blobs(b"", np.array(lengths)))
-        with pytest.raises(ValueError, match="lengths run past"):
-            StreamTasks.unpack(_joined(broken.pack()))
+    many = StreamTasks(np.arange(40), ["k"] * 40, Blobs.missing(40), Blobs.missing(40), Blobs.missing(40))  # lengths checked by the compiled call
+    for tasks in (_tasks(), many):
+        for bad in (-2, 2**62):  # no length, or lengths whose sum wraps around
+            lengths = np.full(len(tasks), 2**62 if bad > 0 else 0)
+            lengths[-1] = bad
+            broken = dataclasses.replace(tasks, histories=Blobs(b"", lengths))
+            with pytest.raises(ValueError, match="lengths run past"):
+                StreamTasks.unpack(_joined(broken.pack()))
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_blob_sizes_are_their_numpy_twin(seed):
-    """``blob_sizes`` against the numpy it replaced: the check of every length, then the sums."""
-    from udf_agent.compute.packed import NONE, blob_sizes
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "few rows, in Python"])
+def test_blob_sizes_are_their_numpy_twin(seed, compiled):
+    """``blob_sizes`` and its Python walk for a few rows against the numpy they replaced: the
+    check of every length, then the sums."""
+    from udf_agent.compute.packed import NONE, _blob_sizes_of_few, blob_sizes
 
     rng = np.random.default_rng(seed)
     for columns, count in ((4, 0), (4, 1), (4, 7), (1, 300), (0, 5)):
@@ -117,7 +123,8 @@ def test_blob_sizes_are_their_numpy_twin(seed):
         frozen = np.frombuffer(lengths.astype("<i8").tobytes(), "<i8").reshape(columns, count)  # read-only, as unpacked
         valid = not lengths.size or (lengths.min() >= NONE and lengths.max() <= 50)
         twin = np.maximum(lengths, 0).sum(axis=1) if valid else np.full(columns, -1)
-        assert blob_sizes(frozen, 50).tolist() == twin.tolist()
+        sizes = blob_sizes(frozen, 50).tolist() if compiled else _blob_sizes_of_few(frozen.ravel().tolist(), columns, count, 50)
+        assert sizes == twin.tolist()
 
 
 def _points(count: int) -> StreamTasks:

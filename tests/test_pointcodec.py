@@ -198,12 +198,15 @@ def test_encode_rows_of_gives_the_reference_points_whatever_the_results_index(ro
     count = len(points)
     whole = pd.DataFrame({"avg": np.arange(count) * 0.5}, index=pd.RangeIndex(count, name="input_row"))
     result = whole.iloc[rows]
-    first_row = 4
-    written = encode_rows_of(result, headers, Layout(tag_columns={}), count, first_row)
-    assert written is not None
-    frames, picked, _ = written
-    assert picked.tolist() == sorted(r for r in result.index if r >= first_row)
-    assert parsed(frames) == parsed(reference_frames(points, result, first_row))
+    # No history row, or the first four; given as one row number, or one per row (a vectorized
+    # call's, each group's own).
+    for first_row in (0, 4):
+        for seen in (first_row, np.full(count, first_row)):
+            written = encode_rows_of(result, headers, Layout(tag_columns={}), count, seen)
+            assert written is not None
+            frames, picked, _ = written
+            assert picked.tolist() == sorted(r for r in result.index if r >= first_row)
+            assert parsed(frames) == parsed(reference_frames(points, result, first_row))
 
 
 def test_encode_rows_of_refuses_a_range_index_past_the_input_rows():

@@ -139,23 +139,49 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     view = memoryview(payload).cast("B")
     if len(view) < INTEGERS.itemsize:
         raise ValueError(f"a packed message of {len(view)} bytes holds no row count")
-    count = int(np.frombuffer(view, INTEGERS, 1)[0])
+    count = int.from_bytes(view[: INTEGERS.itemsize], "little", signed=True)
     columns = number_columns + blob_columns
     header = INTEGERS.itemsize * (1 + count * columns)
     if count < 0 or len(view) < header:
         raise ValueError(f"a packed message of {len(view)} bytes cannot hold {columns} columns of {count} rows")
-    integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize).reshape(columns, count)
-    numbers, lengths = list(integers[:number_columns]), integers[number_columns:]
-    blobs, pos = [], header
-    sizes = blob_sizes(lengths, len(view)).tolist()
+    integers = np.frombuffer(view, INTEGERS, count * columns, INTEGERS.itemsize)
+    # Each column a view of its own stretch (cheaper than the rows of a 2-D view).
+    numbers = [integers[column * count : (column + 1) * count] for column in range(number_columns)]
+    lengths_at = number_columns * count
+    if count <= FEW_ROWS:
+        sizes = _blob_sizes_of_few(integers[lengths_at:].tolist(), blob_columns, count, len(view))
+    else:
+        sizes = blob_sizes(integers[lengths_at:].reshape(blob_columns, count), len(view)).tolist()
     if (sizes and sizes[0] < 0) or header + sum(sizes) > len(view):
         raise ValueError("a packed message's lengths run past its bytes")
-    for column, size in zip(lengths, sizes):
-        blobs.append(Blobs(view[pos : pos + size], column))
+    blobs, pos = [], header
+    for column, size in enumerate(sizes):
+        start = lengths_at + column * count
+        blobs.append(Blobs(view[pos : pos + size], integers[start : start + count]))
         pos += size
     if pos != len(view):
         raise ValueError(f"a packed message has {len(view) - pos} bytes past its columns")
     return numbers, blobs
+
+
+# Up to this many rows, a packed message's lengths are checked and summed in Python: a
+# trickle's slice has a few, where the compiled call's dispatch costs more than the walk
+# (and past a few dozen, the walk costs more: 0.9 ms more on 4,096 rows).
+FEW_ROWS = 16
+
+
+def _blob_sizes_of_few(lengths: list[int], columns: int, count: int, limit: int) -> list[int]:
+    """``blob_sizes`` of lengths given as one list, ``columns`` columns of ``count`` each."""
+    sizes = []
+    for start in range(0, columns * count, count) if count else ():
+        size = 0
+        for length in lengths[start : start + count]:
+            if length < NONE or length > limit:
+                return [-1] * columns
+            if length > 0:
+                size += length
+        sizes.append(size)
+    return sizes or [0] * columns
 
 
 @njit(cache=True, nogil=True)

@@ -138,12 +138,16 @@ def encode_rows_of(
         if not isinstance(column, str) or column in layout.tag_columns or column.startswith(TAG_COLUMN_PREFIX) or not isinstance(values, np.ndarray):
             return None
         fields.append((TIME_COLUMN if column == FIELD_COLUMN_PREFIX + TIME_COLUMN else column, values))
-    floor = seen[source] if isinstance(seen, np.ndarray) else seen
-    picked = np.flatnonzero(source >= floor)
-    if not _ascending_range(result.index):
+    in_order = _ascending_range(result.index)
+    whole = in_order and len(source) == input_rows  # every input row, in order: source[i] == i
+    floor = seen[source] if isinstance(seen, np.ndarray) and not whole else seen
+    picked = (source >= floor).nonzero()[0]
+    if not in_order:
         picked = picked[np.argsort(source[picked], kind="stable")]
-    rows = source[picked]
-    encoded = pointcodec.encode_rows(headers, rows + offset, [(name, values[picked]) for name, values in fields])
+    rows = picked if whole else source[picked]
+    if not (in_order and len(picked) == len(source)):  # else every row as it lies: no copies
+        fields = [(name, values[picked]) for name, values in fields]
+    encoded = pointcodec.encode_rows(headers, rows + offset if offset else rows, fields)
     if encoded is None:
         return None
     output, ends = encoded
