@@ -49,7 +49,7 @@ class Blobs:
 
     @classmethod
     def missing(cls, count: int) -> Blobs:
-        return cls(b"", np.full(count, NONE, INTEGERS))
+        return cls(b"", _NONE_LENGTHS[:count] if count <= len(_NONE_LENGTHS) else np.full(count, NONE, INTEGERS))
 
     @classmethod
     def of_arrow(cls, column: pa.Array | pa.ChunkedArray) -> Blobs:
@@ -121,6 +121,12 @@ class Blobs:
         bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
         offsets = np.concatenate(([0], self.ends)).astype(np.int32)
         return pa.Array.from_buffers(kind, len(self), [bitmap, pa.py_buffer(offsets), pa.py_buffer(self.data)])
+
+
+# A few missing items' lengths, shared (read-only) by every Blobs.missing of a few rows:
+# ``np.full`` costs more than a slice's other bookkeeping at a trickle.
+_NONE_LENGTHS = np.full(64, NONE, INTEGERS)
+_NONE_LENGTHS.flags.writeable = False
 
 
 def pack(numbers: Sequence[np.ndarray], blobs: Sequence[Blobs]) -> list[Any]:

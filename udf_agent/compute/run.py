@@ -157,7 +157,8 @@ def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: 
         raise TypeError("a vectorized UDF keeps no ctx.state")
     # Rows each group had before this micro-batch: their results are dropped.
     starts = groups.starts
-    seen = np.repeat(groups.new_from, starts[1:] - starts[:-1])
+    one_group = len(starts) == 2  # a trickle's usual slice: no per-row floors, no cutting
+    seen = int(groups.new_from[0]) if one_group else np.repeat(groups.new_from, starts[1:] - starts[:-1])
     encoded = encode_rows_of(result, headers, layout, points.num_rows, seen)
     if encoded is None:
         raise TypeError(
@@ -166,6 +167,8 @@ def _call_vectorized(job: Job, keys: list[str], points: DecodedPoints, headers: 
             f"with columns {list(getattr(result, 'columns', []))!r}"
         )
     output, out_rows, ends = encoded
+    if one_group:
+        return output, np.array([0, len(output)], np.int64), np.array([len(out_rows)], np.int64)
     # Output rows are in input order, so each group's frames are one stretch of the output.
     cuts = np.searchsorted(out_rows, starts)
     offsets = np.concatenate((_ZERO, ends))[cuts]
