@@ -18,7 +18,11 @@ from udf_agent.wire.batches import StreamMicroBatch
 ITEMS = [b"one", None, b"", "ünïcode\x00".encode(), None, b"\xff" * 300]
 
 
-def test_blobs_keep_missing_and_empty_items_apart_whatever_they_hold():
+@pytest.mark.parametrize("copies", [1, 10], ids=["a few items (walked in Python)", "many (numpy)"])
+def test_blobs_keep_missing_and_empty_items_apart_whatever_they_hold(copies):
+    many = Blobs.of(ITEMS * copies)
+    assert many.ends.tolist() == np.cumsum(np.maximum(many.lengths, 0)).tolist() and many.ends[-1] == len(many.data)
+    assert Blobs.missing(6 * copies).all_missing() and not many.all_missing() and Blobs.of([None] * 6 * copies).all_missing()
     blobs = Blobs.of(ITEMS)
     assert blobs.tolist() == ITEMS
     assert blobs.lengths.tolist() == [3, -1, 0, 10, -1, 300]

@@ -25,6 +25,10 @@ from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Result, Task
 # Lengths and numbers on the link: the links' byte order and width.
 INTEGERS = np.dtype("<i8")
 NONE = -1  # the length of a missing item
+# Up to this many items, a column's lengths are walked in Python: a trickle's slice has a few,
+# where numpy's or a compiled call's overhead costs more than the walk (and past a few dozen,
+# the walk costs more: checking 4,096 lengths so took 0.9 ms more than the compiled call).
+FEW_ROWS = 16
 
 
 class Blobs:
@@ -40,7 +44,7 @@ class Blobs:
 
     @classmethod
     def of(cls, items: Sequence[bytes | None]) -> Blobs:
-        lengths = np.fromiter((NONE if item is None else len(item) for item in items), INTEGERS, len(items))
+        lengths = np.array([NONE if item is None else len(item) for item in items], INTEGERS)
         return cls(b"".join(item for item in items if item), lengths)
 
     @classmethod
@@ -75,10 +79,19 @@ class Blobs:
     def ends(self) -> np.ndarray:
         """Where each item ends in ``data`` (a missing one takes no bytes)."""
         if self._ends is None:
-            self._ends = np.cumsum(np.maximum(self.lengths, 0), dtype=INTEGERS)
+            if len(self.lengths) <= FEW_ROWS:  # a trickle's few: a walk costs less than numpy's two calls
+                ends, end = [], 0
+                for length in self.lengths.tolist():
+                    end += max(length, 0)
+                    ends.append(end)
+                self._ends = np.array(ends, INTEGERS)
+            else:
+                self._ends = np.cumsum(np.maximum(self.lengths, 0), dtype=INTEGERS)
         return self._ends
 
     def all_missing(self) -> bool:
+        if len(self.lengths) <= FEW_ROWS:
+            return all(length == NONE for length in self.lengths.tolist())
         return bool((self.lengths == NONE).all())
 
     def tolist(self) -> list[bytes | None]:
@@ -168,12 +181,6 @@ def unpack(payload: Any, number_columns: int, blob_columns: int) -> tuple[list[n
     if pos != len(view):
         raise ValueError(f"a packed message has {len(view) - pos} bytes past its columns")
     return numbers, blobs
-
-
-# Up to this many rows, a packed message's lengths are checked and summed in Python: a
-# trickle's slice has a few, where the compiled call's dispatch costs more than the walk
-# (and past a few dozen, the walk costs more: 0.9 ms more on 4,096 rows).
-FEW_ROWS = 16
 
 
 def _blob_sizes_of_few(lengths: list[int], columns: int, count: int, limit: int) -> list[int]:

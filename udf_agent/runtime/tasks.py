@@ -76,7 +76,8 @@ class StreamTaskTables:
 
     def __iter__(self) -> Iterator[StreamTasks]:
         grouped = self.arrival
-        data = Blobs(grouped.data, np.diff(grouped.bounds))
+        bounds = grouped.bounds
+        data = Blobs(grouped.data, bounds[1:] - bounds[:-1])  # np.diff costs three times as much on a trickle's few
         for first in range(0, len(grouped), TASK_SLICE_GROUPS):
             count = min(len(grouped), first + TASK_SLICE_GROUPS) - first
             keys = grouped.keys[first : first + count]
