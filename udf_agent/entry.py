@@ -13,9 +13,6 @@ import sys
 
 
 def main() -> None:
-    from udf_agent.runtime.timer_slack import tighten_timer_slack
-
-    tighten_timer_slack()  # before any thread of ours: each inherits it
     argv = sys.argv[1:]
     if argv[:1] == ["run"]:
         _rejoin_remembered(argv)  # returns only when there is nothing to rejoin
