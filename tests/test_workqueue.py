@@ -88,3 +88,47 @@ def test_a_reader_gathering_input_is_woken_only_once_no_micro_batch_is_left_to_c
     assert counted.wakes == 2  # once: when no micro-batch was left, not when the second was taken
     reader.join(30)
     assert not reader.is_alive()
+
+
+def test_the_compute_thread_closing_the_open_micro_batch_to_take_it_wakes_nobody_for_it():
+    """The compute thread closes a due micro-batch only to take it next: waking the reader for
+    it (as closing one used to) sent the reader after the GIL to find nothing new, a futex wake
+    and a preemption a micro-batch at a trickle."""
+    import socket
+
+    from udf_agent import udf_pb2
+    from udf_agent.library.builtins import moving_avg
+    from udf_agent.runtime.config import AgentConfig
+    from udf_agent.runtime.inbox import Inbox
+    from udf_agent.runtime.stats import TaskStats
+    from udf_agent.runtime.transports import SocketConnection
+    from udf_agent.runtime.writer import Writer
+    from udf_agent.wire.frames import encode_frame
+
+    class Owner:
+        def started(self, event: object) -> None:
+            pass
+
+        def failed(self, message: str) -> None:
+            raise AssertionError(message)
+
+        def input_ended(self) -> None:
+            pass
+
+    ours, theirs = socket.socketpair()
+    connection = SocketConnection(ours)
+    work = WorkQueue()
+    inbox = Inbox(connection, work, Writer(connection), TaskStats(), AgentConfig(), Owner())
+    inbox.adopt(moving_avg)
+    init = udf_pb2.InitRequest(options=[udf_pb2.Option(name="field", values=[udf_pb2.OptionValue(type=udf_pb2.STRING, stringValue="v")]), udf_pb2.Option(name="size", values=[udf_pb2.OptionValue(type=udf_pb2.INT, intValue=3)])])
+    point = udf_pb2.Point(time=1, name="m", group="", fieldsDouble={"v": 1.0})
+    inbox.session.receive_data(encode_frame(udf_pb2.Request(init=init)) + encode_frame(udf_pb2.Request(point=point)))
+    with work.cond:
+        assert inbox.dispatch(inbox.session.next_events(time.monotonic()))
+    assert inbox.session.open_micro_batch() is not None  # the point waits in the open micro-batch
+    work.cond = counted = CountedCondition()
+    taken = work.take_micro_batch_now(lambda now: now, inbox.close_micro_batch)  # due: closed and taken
+    assert isinstance(taken, Compute) and taken.batch.count == 1
+    assert counted.wakes == 1  # the take's own (room for a reader waiting for it), none for the closing
+    ours.close()
+    theirs.close()

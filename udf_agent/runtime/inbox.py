@@ -114,8 +114,10 @@ class Inbox:
         return None if opened is None else self.flush_policy.due(*opened, now)
 
     def close_micro_batch(self) -> None:
-        """The open micro-batch goes to compute: it is due (caller holds the lock)."""
-        self.dispatch(self.session.flush())
+        """The open micro-batch goes to compute: it is due (caller holds the lock). Only the
+        compute thread closes one, to take it next: nobody is woken for it (the reader, woken,
+        would only find the work queue as it left it and wait again)."""
+        self.dispatch(self.session.flush(), wake=False)
 
     def points_waiting(self) -> int:
         """Points read and not computed yet (caller holds the lock)."""
