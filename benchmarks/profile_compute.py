@@ -3,11 +3,12 @@ points/s, one point per write, as ``run.py --cases latency`` feeds it, with ever
 ``MicroBatchRunner._compute`` (or, ``--what read-ahead``, every ``Inbox.read_ahead``: the
 compute thread reading the input between two micro-batches) profiled inside the agent's process.
 
-    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative] [--what compute|read-ahead]
+    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative] [--what compute|read-ahead] [--save PATH]
 
 Prints the run's p50 / p99 and the profile's top functions, and how many calls it covers:
 divide a function's time by them for its cost a call (under the profiler, which inflates
 Python calls several times). The time in ``recv_into`` is the wait for the resident worker.
+``--save`` keeps the profile (``pstats``), e.g. to ask who calls what (``print_callers``).
 What the profile of the worker's side looks like in a loop: docs/hot-path.md.
 """
 
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
     parser.add_argument("--what", default="compute", choices=sorted(PROFILED), help="what is profiled: each micro-batch, or each read between two")
+    parser.add_argument("--save", metavar="PATH", help="keep the profile there (pstats)")
     args = parser.parse_args()
     rate, settings = 1_000.0, Settings()
     workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
@@ -90,6 +92,8 @@ def main() -> None:
         calls = next((entry[1] for key, entry in stats.stats.items() if key[2] == profiled), 0)  # type: ignore[attr-defined]
         print(f"p50 {result.latency.p50_ms:.2f} ms, p99 {result.latency.p99_ms:.2f} ms; {calls} calls of {profiled} profiled")
         stats.sort_stats(args.sort).print_stats(args.top)
+        if args.save:
+            stats.dump_stats(args.save)
 
 
 if __name__ == "__main__":

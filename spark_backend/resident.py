@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
-from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS
+from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, read_stream_result
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory
 from udf_agent.compute.contract import RESULT_SCHEMA, Job
 from udf_agent.compute.packed import ResultColumns, StreamTasks
@@ -72,16 +72,15 @@ class _ChainPace:
     """When a chain takes the next slice: as late as lets it reach the worker as the slice
     before it ends, so that it holds what came meanwhile. Taken at once, a trickle's slices
     were one point each, the worker never idle and each point waiting behind the slice before
-    it; taken after the answer, the worker waits for the agent's work between slices."""
+    it; taken after the answer, the worker waits for the agent's work between slices.
+
+    A slice's time is the worker's own account of it (``STREAM_RESULT``): timed from the
+    agent's side, from its send to its reading of the answer, it took in however long the
+    answer waited for the compute thread, and each late read made the next take later still.
+    One pace a task, kept from chain to chain."""
 
     # Weight of the newest figure in each running estimate.
     WEIGHT = 0.2
-    # An answer read this long after the agent began to wait for it came while it waited:
-    # the slice's time is known. One read at once was there before: its time is at most that.
-    WAITED = 0.0001
-    # ... and the estimate is then lowered this much: a slice sent early waits in the socket,
-    # one sent late leaves the worker idle and would be timed long, then sent later still.
-    SHRINK = 0.9
 
     def __init__(self) -> None:
         self.computes: float | None = None  # the worker's seconds a slice
@@ -98,15 +97,13 @@ class _ChainPace:
     def followed(self, seconds: float) -> None:
         self.takes += self.WEIGHT * (seconds - self.takes)
 
-    def answered(self, seconds: float, waited: bool) -> None:
-        """A slice took ``seconds`` from its start to its answer read; ``waited``: read as it came."""
-        if self.computes is None:
-            self.computes = seconds
-        elif waited or seconds < self.computes:
-            self.computes += self.WEIGHT * (seconds - self.computes)
-        else:
-            self.computes *= self.SHRINK
+    def computed(self, seconds: float) -> None:
+        """The worker took ``seconds`` over a slice, by its own clock."""
+        self.computes = seconds if self.computes is None else self.computes + self.WEIGHT * (seconds - self.computes)
 
+
+# Tasks whose chain pace is kept (one engine serves every task of a shared server).
+KEPT_PACES = 256
 
 # The task whose tenant is not named (a caller outside an agent: tests, benchmarks).
 _ANONYMOUS = object()
@@ -131,6 +128,8 @@ class ResidentWorkers:
         self._pickled: OrderedDict[int, tuple[Job, bytes, bytes]] = OrderedDict()
         self._handlers = ResidentHandlers(self._slots, self._grants)
         self._pickle_lock = threading.Lock()
+        self._paces: OrderedDict[Hashable, _ChainPace] = OrderedDict()  # by task, the latest chained last
+        self._paces_lock = threading.Lock()
 
     @property
     def batch_timeout(self) -> float:
@@ -214,7 +213,7 @@ class ResidentWorkers:
         # The slices out on the worker, in order, and when each began (or will begin) computing.
         out: deque[tuple[StreamTasks, float]] = deque()
         chaining = True
-        pace = _ChainPace()
+        pace = self._pace(key)
         sent = 0.0  # when the last slice chained was sent
         try:
             # Each slice is counted out before it is sent: a worker lost sending it owes it too.
@@ -233,21 +232,23 @@ class ResidentWorkers:
                         sent = time.monotonic()
                         pace.followed(sent - asked)
                 computing, began = out[0]
-                waiting = time.monotonic()
                 kind, payload = worker.exchange(began + self.batch_timeout, self.batch_timeout, worker.next_message)
                 answered = time.monotonic()
-                pace.answered(answered - began, answered - waiting > _ChainPace.WAITED)
                 out.popleft()
-                if out:  # the next slice computes from this answer on, or from its send if later
-                    out[0] = (out[0][0], max(answered, sent))
                 if kind == OVER_MEMORY:
                     lost, worker = worker, None
                     self._grants.lose(lost, key, tenant)
                     raise WorkerOverMemory(f"UDF {job.spec.name!r}: {payload.decode(errors='replace')}")
                 if kind == FAILURE:
                     raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
+                took, ended, columns = read_stream_result(payload)
+                pace.computed(ended - took)
+                if out:
+                    # The next slice computes from this one's end on (or from its send, if
+                    # later): the end the worker told, on one clock with it, else the answer read.
+                    out[0] = (out[0][0], max(ended if worker.same_clock else answered, sent))
                 self._grants.measured(key, computing.num_rows, answered - began)
-                yield ResultColumns.unpack(payload)
+                yield ResultColumns.unpack(columns)
         except WorkerLost as lost:
             if worker is None:
                 raise
@@ -262,6 +263,15 @@ class ResidentWorkers:
         finally:
             if worker is not None:
                 self._settle(worker, key, tenant, len(out), time.monotonic() + self.batch_timeout)
+
+    def _pace(self, key: Hashable) -> _ChainPace:
+        """The chain pace of the task of ``key``, kept for the next chain (its estimates hold)."""
+        with self._paces_lock:
+            pace = self._paces.pop(key, None) or _ChainPace()
+            self._paces[key] = pace
+            while len(self._paces) > KEPT_PACES:
+                self._paces.popitem(last=False)
+            return pace
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A Handler script's requests, on the worker its handler lives on (``resident_handlers``)."""
@@ -311,7 +321,7 @@ class ResidentWorkers:
                     continue
                 self._grants.answered(worker, key, tenant, kind, payload, f"UDF {job.spec.name!r}")
                 self._grants.measured(key, part.tasks.num_rows, time.monotonic() - sent_at)
-                results[part.index] = ResultColumns.unpack(payload) if isinstance(part.tasks, StreamTasks) else message_table(payload, RESULT_SCHEMA)
+                results[part.index] = ResultColumns.unpack(read_stream_result(payload)[2]) if isinstance(part.tasks, StreamTasks) else message_table(payload, RESULT_SCHEMA)
         finally:
             # A part still out when the micro-batch fails: its answer is read and dropped
             # (or its worker given up), so the connection is ready for the next one.

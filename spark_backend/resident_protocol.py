@@ -16,6 +16,7 @@ import math
 import os
 import select
 import socket
+import struct
 import time
 import traceback
 from collections import OrderedDict
@@ -30,11 +31,16 @@ if TYPE_CHECKING:
     from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 
 # HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB, TASKS
-# and STREAM_TASKS carry the job key first. A RESULT answers in the form it was asked: a
-# result table for TASKS, packed result columns for STREAM_TASKS. OVER_MEMORY is a worker's
-# last word: it passed its memory limit while computing, and exits.
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER, STREAM_TASKS = range(1, 10)
+# and STREAM_TASKS carry the job key first. A RESULT answers TASKS with a result table; a
+# STREAM_RESULT answers STREAM_TASKS with packed result columns behind when the worker took the
+# tasks in and when it answered (``stream_result``). OVER_MEMORY is a worker's last word: it
+# passed its memory limit while computing, and exits.
+HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER, STREAM_TASKS, STREAM_RESULT = range(1, 11)
 JOB_KEY_BYTES = 16
+# A STREAM_RESULT's first bytes: the worker's CLOCK_MONOTONIC (ns) when it had read the tasks
+# and when it answered. Their difference is the slice's time on the worker wherever it runs;
+# the times themselves are the agent's own clock too when both run on one kernel (``clock_id``).
+COMPUTED = struct.Struct("<QQ")
 
 # Jobs a worker keeps unpickled (one per UDF and options; `serve` may have many).
 KEPT_JOBS = 64
@@ -96,6 +102,31 @@ class JobCache(Generic[Value]):
         value = self._entries[key]
         self._entries.move_to_end(key)
         return value
+
+
+def clock_id() -> str | None:
+    """What names this host's CLOCK_MONOTONIC: the running kernel's boot id (Linux), None
+    where there is none. A worker says it in its hello; the same id on both ends means the
+    times a worker reports are the agent's own clock."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return boot.read().strip() or None
+    except OSError:
+        return None
+
+
+def stream_result(took_ns: int, answered_ns: int, packed: list[bytes]) -> list[bytes]:
+    """A STREAM_RESULT's payload: the packed result columns behind when they were computed."""
+    return [COMPUTED.pack(took_ns, answered_ns), *packed]
+
+
+def read_stream_result(payload: bytearray) -> tuple[float, float, memoryview]:
+    """A STREAM_RESULT's times (seconds, the worker's clock) and its packed result columns
+    (ValueError if too short to hold the times)."""
+    if len(payload) < COMPUTED.size:
+        raise ValueError(f"a stream result of {len(payload)} bytes, short of its times")
+    took, answered = COMPUTED.unpack_from(payload)
+    return took / 1e9, answered / 1e9, memoryview(payload)[COMPUTED.size :]
 
 
 def describe_failure(error: BaseException) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, Link, WorkerAddress
+from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, Link, WorkerAddress, clock_id
 from spark_backend.resident_worker import serve_slot
 from udf_agent.errors import first_line
 
@@ -89,6 +89,8 @@ class Worker:
     pid: int
     connected_at: float
     job: SlotJob
+    # The times in its answers are the agent's own clock (``resident_protocol.clock_id``).
+    same_clock: bool = False
     jobs: JobCache[None] = field(default_factory=JobCache)
     busy: bool = False
     handlers: set[str] = field(default_factory=set)  # the Handler scripts' tasks living here
@@ -130,6 +132,7 @@ class Greeting:
     slot: int
     launch: int
     pid: int
+    clock: str | None = None  # ``resident_protocol.clock_id`` where the worker runs
 
 
 # A worker's hello is a line of JSON; anything longer is not one.
@@ -207,7 +210,8 @@ class WorkerDoor:
             details = json.loads(hello[1])
             if not isinstance(details, dict) or not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
                 raise ValueError("wrong token")
-            greeting = Greeting(link, int(details["slot"]), int(details["launch"]), int(details["pid"]))
+            clock = details.get("clock")
+            greeting = Greeting(link, int(details["slot"]), int(details["launch"]), int(details["pid"]), clock if isinstance(clock, str) else None)
             link.send(WELCOME, self.token.encode(), deadline=time.monotonic() + HELLO_WAIT)
             return greeting
         # Anyone on the host may connect: whatever it sends, the door stays open for the workers.
@@ -243,6 +247,7 @@ class ResidentSlots:
         self.cond = threading.Condition()
         self._slots = [_Slot(index) for index in range(count)]
         self._door = WorkerDoor()
+        self._clock = clock_id()
         self.launches = 0  # each slot's first launch, then each relaunch; also the launch numbers
         self.worker_losses = 0
         self.released = False  # the workers were let go after an idle spell (relaunched on demand)
@@ -389,7 +394,8 @@ class ResidentSlots:
                 if slot is None or slot.launch != greeting.launch or slot.worker is not None or slot.job_thread is None or self.stopped.is_set():
                     greeting.link.close()  # a launch since retired or relaunched: its task ends
                     continue
-                worker = slot.worker = Worker(greeting.link, greeting.slot, greeting.launch, greeting.pid, time.monotonic(), slot.job_thread)
+                same_clock = greeting.clock is not None and greeting.clock == self._clock
+                worker = slot.worker = Worker(greeting.link, greeting.slot, greeting.launch, greeting.pid, time.monotonic(), slot.job_thread, same_clock=same_clock)
                 slot.served = True
                 count = self.connected()
                 self.cond.notify_all()

@@ -24,14 +24,17 @@ from spark_backend.resident_protocol import (
     JOB_KEY_BYTES,
     OVER_MEMORY,
     RESULT,
+    STREAM_RESULT,
     STREAM_TASKS,
     WELCOME,
     JobCache,
     Link,
     WorkerAddress,
+    clock_id,
     describe_failure,
     handler_outcome_parts,
     read_handler_call,
+    stream_result,
 )
 from udf_agent.compute import packed
 from udf_agent.compute.contract import TASK_SCHEMA, Job
@@ -70,6 +73,7 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
         jobs: JobCache[Job] = JobCache()
         handlers = HandlerHosts()  # the Kapacitor Handler scripts' tasks that live here
         while (message := link.receive()) is not None:
+            took = time.monotonic_ns()
             kind, payload = message
             if kind == HANDLER:
                 _call_handler(handlers, payload, link, sending, guard)
@@ -86,16 +90,16 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
             try:
                 job = jobs.use(key)
                 if kind == STREAM_TASKS:
-                    reply = compute_stream(job, StreamTasks.unpack(body)).pack()
+                    answer, content = STREAM_RESULT, compute_stream(job, StreamTasks.unpack(body)).pack()
                 else:
-                    reply = [table_message(compute_tasks(job, message_table(body, TASK_SCHEMA)))]
+                    answer, content = RESULT, [table_message(compute_tasks(job, message_table(body, TASK_SCHEMA)))]
             except Exception as exc:
                 answer, content = FAILURE, [describe_failure(exc).encode()]
-            else:
-                answer, content = RESULT, reply
             with sending:
                 if guard is not None:
                     guard.computing.clear()
+                if answer == STREAM_RESULT:  # the agent paces the slices it chains by these times
+                    content = stream_result(took, time.monotonic_ns(), content)
                 link.send(answer, *content)
             if not served:  # what the first micro-batch imported and built lives as long
                 freeze_startup_objects("resident worker's first micro-batch")
@@ -161,7 +165,7 @@ def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> L
         return None
     try:
         link = Link(sock)
-        link.send(HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid()}).encode())
+        link.send(HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid(), "clock": clock_id()}).encode())
         welcome = link.receive()
     except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed
         welcome = None

@@ -22,7 +22,10 @@ from spark_backend.resident_protocol import (
     JobCache,
     Link,
     WorkerAddress,
+    clock_id,
     describe_failure,
+    read_stream_result,
+    stream_result,
 )
 from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
@@ -423,12 +426,14 @@ def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
         assert hello({"token": door.token, "slot": None, "launch": 1, "pid": 7}) is None
         assert hello({"token": door.token, "slot": 1e400, "launch": 1, "pid": 7}) is None  # JSON's Infinity
         # Still open: a worker that knows the token is greeted after all of them.
-        assert hello({"token": door.token, "slot": 1, "launch": 3, "pid": 42}) == (WELCOME, bytearray(door.token.encode()))
+        assert hello({"token": door.token, "slot": 1, "launch": 3, "pid": 42, "clock": "boot-id"}) == (WELCOME, bytearray(door.token.encode()))
+        assert hello({"token": door.token, "slot": 2, "launch": 3, "pid": 43, "clock": 7}) == (WELCOME, bytearray(door.token.encode()))
     finally:
         door.close()
         admitting.join(10)
     assert not admitting.is_alive()  # closing the door ends the admitting loop
-    assert [(g.slot, g.launch, g.pid) for g in greetings] == [(1, 3, 42)]
+    # A worker says which clock its times are on; anything but a string is no clock.
+    assert [(g.slot, g.launch, g.pid, g.clock) for g in greetings] == [(1, 3, 42, "boot-id"), (2, 3, 43, None)]
     assert not os.path.exists(os.path.dirname(address.path))  # the socket's directory goes with it
 
 
@@ -560,17 +565,51 @@ def test_a_chain_gives_its_worker_back_once_another_task_waits_for_one(spark_eng
     assert ended["chain"] <= ended["waiting"] + 0.5, ended
 
 
-def test_a_chains_pace_learns_the_workers_time_only_from_answers_it_waited_for():
-    """An answer already there when the agent looked says only that its slice took at most that
-    long: timed as read, a late send would make the next slice look longer, and so on."""
+def test_a_chains_pace_takes_the_next_slice_as_the_worker_ends_the_one_before_by_its_own_time():
     pace = _ChainPace()
-    pace.wait_to_follow(time.monotonic())  # nothing known yet: takes the next at once
-    pace.answered(0.010, waited=True)
+    began = time.monotonic()
+    pace.wait_to_follow(began)  # nothing known yet: takes the next at once
+    assert time.monotonic() - began < 0.05
+    pace.computed(0.010)
     assert pace.computes == 0.010
-    pace.answered(0.020, waited=True)
+    pace.computed(0.020)
     assert pace.computes == pytest.approx(0.010 + _ChainPace.WEIGHT * 0.010)
-    known = pace.computes
-    pace.answered(0.050, waited=False)  # read late: lowered, never raised
-    assert pace.computes == pytest.approx(known * _ChainPace.SHRINK)
-    pace.answered(0.001, waited=False)  # shorter than known: a true bound, taken in
-    assert pace.computes < known * _ChainPace.SHRINK
+    pace.followed(0.004)
+    assert pace.takes == pytest.approx(_ChainPace.WEIGHT * 0.004)
+    began = time.monotonic()
+    pace.wait_to_follow(began)
+    assert time.monotonic() - began >= pace.computes - pace.takes
+
+
+def test_a_chain_paces_its_slices_by_the_workers_own_account_not_by_when_its_answers_are_read(spark_engine):
+    """Timed from the agent's side, a slice seemed to last until the compute thread read its
+    answer: an agent slow to take the next slice made each slice look longer, so the next take
+    came later still. The worker says how long each slice took; on this host, when it ended."""
+    resident = spark_engine.resident
+    job = Job(moving_avg, {"field": "i", "size": 3, "as": "avg"})
+    slices = _slices_by_group(rich_points(40))
+    tenant = _Tenant()
+    slow_take = 0.2  # each answer waits this long to be read
+    following = [*slices[1:], *slices]
+
+    def follow():
+        time.sleep(slow_take)
+        return following.pop(0) if following else None
+
+    chained = list(resident.chain_stream(job, slices[0], tenant, follow))
+    assert len(chained) == 1 + len(slices[1:]) + len(slices)
+    pace = resident._pace(tenant)
+    # Timed as read, the first slice alone seemed to last slow_take.
+    assert pace.computes is not None and pace.computes < slow_take / 10, pace.computes
+    assert resident._pace(tenant) is pace  # kept for the task's next chain
+    assert all(worker.same_clock for worker in resident._slots.workers())  # local Spark: one kernel
+
+
+def test_a_stream_result_carries_the_workers_times_ahead_of_its_columns():
+    payload = bytearray(b"".join(stream_result(1_500_000_000, 1_750_000_000, [b"col", b"umns"])))
+    took, ended, columns = read_stream_result(payload)
+    assert (took, ended, bytes(columns)) == (1.5, 1.75, b"columns")
+    with pytest.raises(ValueError, match="short of its times"):
+        read_stream_result(bytearray(15))
+    clock = clock_id()
+    assert clock and clock == clock_id()  # Linux: the running kernel's boot id
