@@ -86,12 +86,15 @@ class _ChainPace:
         self.computes: float | None = None  # the worker's seconds a slice
         self.takes = 0.0  # the agent's seconds to take and send the next one
 
+    def take_at(self, began: float) -> float | None:
+        """When to take the slice to follow the one that began computing at ``began``: as it is
+        about to end. None while the worker's time is not known: at once."""
+        return None if self.computes is None else began + self.computes - self.takes
+
     def wait_to_follow(self, began: float) -> None:
-        """Sleeps until the slice that began computing at ``began`` is about to end."""
-        if self.computes is None:
-            return
-        left = began + self.computes - self.takes - time.monotonic()
-        if left > 0:
+        """Sleeps until ``take_at(began)``."""
+        at = self.take_at(began)
+        if at is not None and (left := at - time.monotonic()) > 0:
             time.sleep(left)
 
     def followed(self, seconds: float) -> None:

@@ -567,18 +567,18 @@ def test_a_chain_gives_its_worker_back_once_another_task_waits_for_one(spark_eng
 
 def test_a_chains_pace_takes_the_next_slice_as_the_worker_ends_the_one_before_by_its_own_time():
     pace = _ChainPace()
-    began = time.monotonic()
-    pace.wait_to_follow(began)  # nothing known yet: takes the next at once
-    assert time.monotonic() - began < 0.05
+    assert pace.take_at(100.0) is None  # nothing known yet: takes the next at once
     pace.computed(0.010)
     assert pace.computes == 0.010
     pace.computed(0.020)
     assert pace.computes == pytest.approx(0.010 + _ChainPace.WEIGHT * 0.010)
     pace.followed(0.004)
     assert pace.takes == pytest.approx(_ChainPace.WEIGHT * 0.004)
+    # The slice's start, plus the worker's time, less the take's.
+    assert pace.take_at(100.0) == pytest.approx(100.0 + pace.computes - pace.takes)
     began = time.monotonic()
     pace.wait_to_follow(began)
-    assert time.monotonic() - began >= pace.computes - pace.takes
+    assert time.monotonic() >= pace.take_at(began)
 
 
 def test_a_chain_paces_its_slices_by_the_workers_own_account_not_by_when_its_answers_are_read(spark_engine):
