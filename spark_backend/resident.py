@@ -105,6 +105,13 @@ class _ChainPace:
         self.computes = seconds if self.computes is None else self.computes + self.WEIGHT * (seconds - self.computes)
 
 
+def _slice_end(told: float, began: float, answered: float, same_clock: bool) -> float:
+    """When a slice ended, in the agent's clock: as the worker ``told``, if it runs on the
+    agent's clock and that lies between the slice's start and its answer read (a worker in
+    another time namespace of the same kernel would not), else when its answer was read."""
+    return told if same_clock and began <= told <= answered else answered
+
+
 # Tasks whose chain pace is kept (one engine serves every task of a shared server).
 KEPT_PACES = 256
 
@@ -246,10 +253,8 @@ class ResidentWorkers:
                     raise RuntimeError(f"{worker} failed outside the UDF: {payload.decode(errors='replace')}")
                 took, ended, columns = read_stream_result(payload)
                 pace.computed(ended - took)
-                if out:
-                    # The next slice computes from this one's end on (or from its send, if
-                    # later): the end the worker told, on one clock with it, else the answer read.
-                    out[0] = (out[0][0], max(ended if worker.same_clock else answered, sent))
+                if out:  # the next slice computes from this one's end on, or from its send if later
+                    out[0] = (out[0][0], max(_slice_end(ended, began, answered, worker.same_clock), sent))
                 self._grants.measured(key, computing.num_rows, answered - began)
                 yield ResultColumns.unpack(columns)
         except WorkerLost as lost:

@@ -13,7 +13,7 @@ import pytest
 from test_compute import decode, rich_points, stream_tasks
 from udfs import sample
 
-from spark_backend.resident import ResidentWorkers, _ChainPace, _split
+from spark_backend.resident import ResidentWorkers, _ChainPace, _slice_end, _split
 from spark_backend.resident_protocol import (
     HEADER,
     HELLO,
@@ -579,6 +579,14 @@ def test_a_chains_pace_takes_the_next_slice_as_the_worker_ends_the_one_before_by
     began = time.monotonic()
     pace.wait_to_follow(began)
     assert time.monotonic() >= pace.take_at(began)
+
+
+def test_a_slice_ends_when_its_worker_says_only_on_the_agents_clock_and_within_the_slice():
+    assert _slice_end(10.5, 10.0, 11.0, same_clock=True) == 10.5
+    assert _slice_end(10.5, 10.0, 11.0, same_clock=False) == 11.0  # another host: the answer read
+    # Told outside the slice (a clock of its own after all): never trusted, never slept on.
+    assert _slice_end(1010.5, 10.0, 11.0, same_clock=True) == 11.0
+    assert _slice_end(9.5, 10.0, 11.0, same_clock=True) == 11.0
 
 
 def test_a_chain_paces_its_slices_by_the_workers_own_account_not_by_when_its_answers_are_read(spark_engine):
