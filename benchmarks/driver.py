@@ -3,8 +3,8 @@
 ``run_flat_out`` writes Init, waits for its answer, then every point frame in
 big writes (a KeepaliveRequest every 25 ms in between), and keeps sending
 keepalives until every output point has arrived before it closes stdin, as a
-running task would. ``run_paced`` writes one point per write at a fixed rate
-and times each output point by its time. Both sample the agent's memory and
+running task would. ``run_paced`` writes points as Kapacitor does (two writes a point), singly or in
+bursts, at a fixed rate and times each output point by its time. Both sample the agent's memory and
 kill its whole process group on the way out, whatever happens.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.framing import OutputTally
-from benchmarks.workload import Workload, keepalive_frame
+from benchmarks.workload import Workload, keepalive_frame, varint_length
 
 KEEPALIVE_INTERVAL = 0.010
 MEMORY_INTERVAL = 0.1
@@ -534,8 +534,11 @@ def run_paced(
     time_limit: float,
     warm_log: str | None = None,
     metrics_url: str | None = None,
+    burst: int = 1,
 ) -> RunResult:
-    """One point per write at ``rate`` points/s; latency from each write to its output point (matched by time).
+    """Points at ``rate`` points/s in bursts of ``burst`` (every ``burst / rate`` s), each point
+    written as Kapacitor writes it: its length varint, then its body, two writes back to back.
+    Latency from the write that completes a point to its output point (matched by time).
 
     With ``warm_log``, the paced points start only once the agent has logged a line containing it.
     With ``metrics_url`` (the agent's ``/metrics``), its micro-batches over the measured points
@@ -568,19 +571,23 @@ def run_paced(
                 raise agent.failure(f"no log line {warm_log!r}")
             result.engine_ready_s = time.monotonic() - init_sent
         total = warmup_points + measured_points
+        head = varint_length(data[:length])
         begin = time.monotonic()
         next_keepalive = begin + KEEPALIVE_INTERVAL
         for index in range(1, total):
-            due = begin + (index - 1) / rate
+            # A burst's points go back to back; each burst starts on the clock.
+            due = begin + ((index - 1) // burst) * burst / rate
             pause = due - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-            now = time.monotonic()
             if index == warmup_points and metrics_url is not None:  # off the pacing thread
                 threading.Thread(target=lambda: window_start.append(scrape_counters(metrics_url)), daemon=True).start()
+            start = index * length
+            agent.write(data[start : start + head])
+            agent.write(data[start + head : start + length])
+            now = time.monotonic()
             if index >= warmup_points:
                 sent_at[workload.time_of(index)] = now
-            agent.write(data[index * length : (index + 1) * length])
             if now >= next_keepalive:
                 stamp = _KEEPALIVE_BASE + len(keepalives_sent)
                 keepalives_sent[stamp] = time.monotonic()

@@ -23,18 +23,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.workload import keepalive_frame  # noqa: E402
+from benchmarks.workload import keepalive_frame, varint_length  # noqa: E402
 
 KEEPALIVE_INTERVAL = 0.010
 KEEPALIVE_BASE = 1_000_000
-
-
-def varint_length(frame: bytes | memoryview) -> int:
-    """Bytes of the length varint that starts ``frame``."""
-    length = 1
-    while frame[length - 1] & 0x80:
-        length += 1
-    return length
 
 
 def write_as_kapacitor(fd: int, frames: bytes, frame_length: int, points: int) -> dict[str, object]:

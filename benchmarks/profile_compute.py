@@ -1,9 +1,9 @@
 """cProfile of the agent's compute thread in place: moving_avg on its own Spark fed 1,000
-points/s, one point per write, as ``run.py --cases latency`` feeds it, with every micro-batch's
+points/s, singly or in bursts (``--burst``), as ``run.py --cases latency`` feeds it, with every micro-batch's
 ``MicroBatchRunner._compute`` (or, ``--what read-ahead``, every ``Inbox.read_ahead``: the
 compute thread reading the input between two micro-batches) profiled inside the agent's process.
 
-    python -m benchmarks.profile_compute [--seconds 10] [--top 40] [--sort cumulative] [--what compute|read-ahead] [--save PATH]
+    python -m benchmarks.profile_compute [--seconds 10] [--burst 1] [--top 40] [--sort cumulative] [--what compute|read-ahead] [--save PATH]
 
 Prints the run's p50 / p99 and the profile's top functions, and how many calls it covers:
 divide a function's time by them for its cost a call (under the profiler, which inflates
@@ -72,6 +72,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--burst", type=int, default=1, help="points a burst, written back to back every burst/1,000 s (default 1: an even trickle)")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
     parser.add_argument("--what", default="compute", choices=sorted(PROFILED), help="what is profiled: each micro-batch, or each read between two")
@@ -84,7 +85,7 @@ def main() -> None:
         command, metrics_url = _with_metrics(ours("moving_avg", settings))
         python, _, _, *agent_args = command.argv  # python -m udf_agent ARGS...
         command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.profile_compute", "--profiled-agent", path, args.what, *agent_args])
-        result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG, metrics_url)
+        result = run_paced(command, init_frame(MOVING_AVG_OPTIONS), workload, rate, args.seconds, 1.0, 300, ENGINE_READY_LOG, metrics_url, args.burst)
         if result.latency is None or not os.path.exists(path):
             sys.exit(f"the run failed: {result.status} {result.error or ''}")
         stats = pstats.Stats(path)

@@ -35,6 +35,13 @@ from benchmarks.shared_deployment import shared_directory, shared_env, warm_shar
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
 
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "latest.json")
+# The latency case's goals by UDF and burst size: (p50, p99) in ms.
+LATENCY_GOALS: dict[str, dict[int, tuple[float | None, float | None]]] = {
+    "moving_avg": {1: (2.0, 5.0), 10: (2.0, 5.0), 100: (3.0, 6.0), 1_000: (5.0, 20.0), 10_000: (None, 100.0)},
+    "mirror": {1: (0.5, None)},
+}
+# Bursts of a pattern measured at the least, however long that takes (10,000 points at 1 k/s: 30 s).
+LATENCY_BURSTS_MEASURED = 3
 CASES = ("limits", "echo", "moving_avg", "many_groups", "new_groups", "latency", "memory", "group_state")
 
 
@@ -48,6 +55,8 @@ class Settings:
     latency_rate: float = 1_000.0
     latency_seconds: float = 10.0
     latency_warmup_seconds: float = 1.0
+    # Points a write of Kapacitor's forwards back to back: 1 is an even trickle.
+    latency_bursts: tuple[int, ...] = (1, 10, 100, 1_000, 10_000)
     memory_points: tuple[int, ...] = (1_000_000,)
     state_groups: int = 500_000
     # Flat-out runs of each agent and workload; the one with the median steady rate is reported.
@@ -55,6 +64,7 @@ class Settings:
     time_limit_scale: float = 1.0
     agent_args: tuple[str, ...] = ()
     kapacitor_src: str | None = None
+    official_python: str = sys.executable
 
     @classmethod
     def quick(cls) -> Settings:
@@ -64,6 +74,7 @@ class Settings:
             points_per_group=10,
             new_group_points=20_000,
             latency_seconds=3.0,
+            latency_bursts=(1, 100),
             memory_points=(20_000,),
             state_groups=5_000,
         )
@@ -81,6 +92,10 @@ class Goal:
 
 def ratio_at_least(minimum: float) -> Goal:
     return Goal(f">= {minimum:g}x baseline", lambda row: None if row.ratio is None else row.ratio >= minimum)
+
+
+def ratio_at_most(maximum: float, other: str) -> Goal:
+    return Goal(f"<= {maximum:g}x {other}", lambda row: None if row.ratio is None else row.ratio <= maximum)
 
 
 def value_at_most(maximum: float, unit: str) -> Goal:
@@ -158,6 +173,13 @@ def official_moving_avg(src: str, unbuffered: bool, python: str = sys.executable
     flags = ["-u"] if unbuffered else []
     label = "official moving_avg" + (" -u" if unbuffered else "")
     return AgentCommand(label, [python, *flags, script], cwd=src, env=env), ""
+
+
+def arrival_label(burst: int, rate: float) -> str:
+    """How a latency pattern's points arrive, in words."""
+    if burst == 1:
+        return f"a point every {1000 / rate:g} ms"
+    return f"{burst:,} points every {burst / rate * 1000:g} ms" if burst < rate else f"{burst:,} points every {burst / rate:g} s"
 
 
 def _describe_failure(who: str, result: RunResult) -> str:
@@ -312,7 +334,7 @@ class Bench:
         self._keepalive_rows(case, default, theirs)
         if self.settings.kapacitor_src:
             for unbuffered in (True, False):
-                command, why = official_moving_avg(self.settings.kapacitor_src, unbuffered)
+                command, why = official_moving_avg(self.settings.kapacitor_src, unbuffered, self.settings.official_python)
                 label = "vs official" + (" (-u, as kapacitor.conf)" if unbuffered else " (buffered)")
                 if command is None:
                     self.rows.append(make_row("moving_avg", f"points/s steady {label}", None, "points/s", note=f"skipped: {why}"))
@@ -375,57 +397,87 @@ class Bench:
         )
 
     def case_latency(self, record: dict[str, Any]) -> None:
+        """What a point waits, by how points arrive: single points or bursts (Kapacitor forwards
+        a writer's flush back to back), at the same rate; each pattern on a task's own Spark and
+        on the default deployment, beside the per-point baseline agent and, with
+        ``--kapacitor-src``, Kapacitor's official moving_avg.py."""
         s = self.settings
-        measured = int(s.latency_rate * s.latency_seconds)
-        workload = Workload(1 + int(s.latency_rate * s.latency_warmup_seconds) + measured, s.groups)
-        workload.path()
-        # What a trickle waits, on a task's own Spark and on the default deployment (the relay hop included).
-        pairs: tuple[tuple[str, str, list[tuple[str, object]], float, float], ...] = (
-            ("moving_avg", "moving_avg", MOVING_AVG_OPTIONS, 2.0, 10.0),
-            ("mirror", "echo", [], 0.5, 10.0),
-        )
+        official, why_not = official_moving_avg(s.kapacitor_src, unbuffered=True, python=s.official_python) if s.kapacitor_src else (None, "no --kapacitor-src")
         with shared_directory("bench-shared-") as shared_dir:
-            for udf, handler, options, p50_goal, p99_goal in pairs:
-                init = init_frame(options)
-                baseline_result = self._paced(baseline(handler), init, workload, None, record, f"baseline {udf}")
-                if udf == "mirror":
-                    # It never starts Spark: by default too it runs in the task's own process.
-                    deployments = ((f"its own process (default), {PASSTHROUGH}", ours(udf, s)),)
-                else:
-                    deployments = ((f"own Spark, {COMPUTED_ON_SPARK}", ours(udf, s)), (f"default: relay + shared server, {COMPUTED_ON_SPARK}", shared(udf, shared_dir)))
-                for deployment, command in deployments:
-                    metrics_url = None
-                    if command.env is not None:
-                        self.say(f"{command.label}: warming the shared server")
-                        warm_shared_server(udf, shared_dir, init)
-                    elif udf != "mirror":  # its own Spark: its micro-batches, from its metrics
-                        command, metrics_url = _with_metrics(command)
-                    # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.
-                    warm_log = ENGINE_READY_LOG if command.env is None and udf != "mirror" else None
-                    result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment}", metrics_url)
-                    self._latency_rows(f"{udf}, {deployment}", result, baseline_result, measured, p50_goal, p99_goal)
-                if udf == "moving_avg":
+            for burst in s.latency_bursts:
+                seconds = max(s.latency_seconds, LATENCY_BURSTS_MEASURED * burst / s.latency_rate)
+                measured = int(s.latency_rate * seconds)
+                workload = Workload(1 + int(s.latency_rate * s.latency_warmup_seconds) + measured, s.groups)
+                workload.path()
+                arrival = arrival_label(burst, s.latency_rate)
+                for udf, handler, options in (("moving_avg", "moving_avg", MOVING_AVG_OPTIONS), ("mirror", "echo", [])):
+                    init = init_frame(options)
+                    p50_goal, p99_goal = LATENCY_GOALS[udf].get(burst, (None, None))
+                    baseline_result = self._paced(baseline(handler), init, workload, None, record, f"baseline {udf} {arrival}", seconds, burst)
+                    official_result = None
+                    if udf == "moving_avg" and official is not None:
+                        official_result = self._paced(official, init, workload, None, record, f"official {udf} {arrival}", seconds, burst)
+                    if udf == "mirror":
+                        # It never starts Spark: by default too it runs in the task's own process.
+                        deployments = ((f"its own process (default), {PASSTHROUGH}", ours(udf, s)),)
+                    else:
+                        deployments = ((f"own Spark, {COMPUTED_ON_SPARK}", ours(udf, s)), (f"default: relay + shared server, {COMPUTED_ON_SPARK}", shared(udf, shared_dir)))
+                    for deployment, command in deployments:
+                        metrics_url = None
+                        if command.env is not None:
+                            self.say(f"{command.label}: warming the shared server")
+                            warm_shared_server(udf, shared_dir, init)
+                        elif udf != "mirror":  # its own Spark: its micro-batches, from its metrics
+                            command, metrics_url = _with_metrics(command)
+                        # Spark warm: mirror never starts Spark; moving_avg's points wait until it is up.
+                        warm_log = ENGINE_READY_LOG if command.env is None and udf != "mirror" else None
+                        result = self._paced(command, init, workload, warm_log, record, f"ours {udf} {deployment} {arrival}", seconds, burst, metrics_url)
+                        label = f"{udf}, {arrival}, {deployment}"
+                        self._latency_rows(label, result, baseline_result, measured, p50_goal, p99_goal)
+                        if udf == "moving_avg":
+                            self._official_rows(label, result, official_result, why_not)
+                if burst == 1:
                     # The same path with a UDF that does nothing: what the path costs alone.
                     floor, metrics_url = _with_metrics(ours("benchmarks.path_floor:zeros", s))
-                    result = self._paced(floor, init, workload, ENGINE_READY_LOG, record, "ours zeros own Spark", metrics_url)
-                    self._latency_rows(f"a UDF that returns zeros (the path alone), own Spark, {COMPUTED_ON_SPARK}", result, baseline_result, measured, None, None)
+                    init = init_frame(MOVING_AVG_OPTIONS)
+                    result = self._paced(floor, init, workload, ENGINE_READY_LOG, record, "ours zeros own Spark", seconds, burst, metrics_url)
+                    self._latency_rows(f"a UDF that returns zeros (the path alone), {arrival}, own Spark, {COMPUTED_ON_SPARK}", result, baseline_result, measured, None, None)
 
-    def _paced(self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str, metrics_url: str | None = None) -> RunResult:
+    def _paced(
+        self, command: AgentCommand, init: bytes, workload: Workload, warm_log: str | None, record: dict[str, Any], key: str, seconds: float, burst: int, metrics_url: str | None = None
+    ) -> RunResult:
         """``--repeat`` paced runs; the one with the median p50 is reported, and every run's
         p50 and p99 are in its row's note."""
         s = self.settings
         results = []
         for attempt in range(s.repeat):
             self.say(
-                f"{command.label}: {int(s.latency_rate * s.latency_seconds):,} points at {s.latency_rate:,.0f} points/s, one per write"
+                f"{command.label}: {int(s.latency_rate * seconds):,} points at {s.latency_rate:,.0f} points/s, {arrival_label(burst, s.latency_rate)}"
                 + (f" (run {attempt + 1} of {s.repeat})" if s.repeat > 1 else "")
             )
-            result = run_paced(command, init, workload, s.latency_rate, s.latency_seconds, s.latency_warmup_seconds, s.time_limit(workload.points), warm_log, metrics_url)
+            result = run_paced(command, init, workload, s.latency_rate, seconds, s.latency_warmup_seconds, s.time_limit(workload.points), warm_log, metrics_url, burst)
             p50, p99 = (result.latency.p50_ms, result.latency.p99_ms) if result.latency else (None, None)
             self.say(f"  -> {result.status}, p50 {_number(p50)} ms, p99 {_number(p99)} ms" + (f" ({result.error})" if result.error else ""))
             self._keep(record, key if s.repeat == 1 else f"{key} (run {attempt + 1})", result)
             results.append(result)
         return _median_latency_run(results)
+
+    def _official_rows(self, label: str, mine_run: RunResult, official_run: RunResult | None, why_not: str) -> None:
+        """Ours against Kapacitor's official moving_avg.py on the same arrivals: never slower at the tail."""
+        mine, theirs = mine_run.latency, official_run.latency if official_run else None
+        note = f"skipped: {why_not}" if official_run is None else _describe_failure("official", official_run)
+        for figure, attribute, goal in (("p50", "p50_ms", None), ("p99", "p99_ms", ratio_at_most(1.0, "official"))):
+            self.rows.append(
+                make_row(
+                    "latency vs official",
+                    f"{figure}, {label}",
+                    getattr(mine, attribute) if mine else None,
+                    "ms",
+                    getattr(theirs, attribute) if theirs else None,
+                    goal if theirs else None,
+                    note if figure == "p50" else "",
+                )
+            )
 
     def _latency_rows(self, label: str, mine_run: RunResult, theirs_run: RunResult, measured: int, p50_goal: float | None, p99_goal: float | None) -> None:
         mine, theirs = mine_run.latency, theirs_run.latency
@@ -723,7 +775,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
     parser.add_argument("--points-per-group", type=int, help="points per group of the many_groups case (default 30)")
     parser.add_argument("--new-group-points", type=int, help="points of the new_groups case, each a new group (default 200,000)")
     parser.add_argument("--latency-rate", type=float, help="points/s of the latency case (default 1,000)")
-    parser.add_argument("--latency-seconds", type=float, help="measured seconds of the latency case (default 10)")
+    parser.add_argument("--latency-seconds", type=float, help="measured seconds of the latency case (default 10; at least three bursts)")
+    parser.add_argument("--latency-bursts", type=_int_list, help="arrival patterns of the latency case: points a burst, e.g. 1,10,100 (default 1,10,100,1000,10000; 1 is an even trickle)")
     parser.add_argument("--memory-points", type=_int_list, help="sizes of the memory case, e.g. 1000000,10000000 (default: --points)")
     parser.add_argument("--state-groups", type=int, help="groups of the group_state case, 2 points each (default 500,000)")
     parser.add_argument("--repeat", type=int, help="flat-out runs of each agent and workload; the median run is reported, with every run's keepalives pooled (default 1)")
@@ -739,6 +792,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
         default=os.environ.get("KAPACITOR_SRC"),
         help="a Kapacitor checkout: also time its Python moving_avg example (default: $KAPACITOR_SRC)",
     )
+    parser.add_argument("--official-python", default=sys.executable, help="the Python that runs the official agent, with the protobuf it should use (default: this one)")
     args = parser.parse_args(argv)
     settings = Settings.quick() if args.quick else Settings()
     overrides = {
@@ -757,12 +811,15 @@ def parse_args(argv: list[str]) -> tuple[Settings, list[str], str]:
         }.items()
         if value is not None
     }
+    if args.latency_bursts:
+        overrides["latency_bursts"] = args.latency_bursts
     if args.memory_points:
         overrides["memory_points"] = args.memory_points
     elif args.points is not None:
         overrides["memory_points"] = (args.points,)
     overrides["agent_args"] = tuple(args.agent_arg)
     overrides["kapacitor_src"] = args.kapacitor_src or None
+    overrides["official_python"] = args.official_python
     settings = replace(settings, **overrides)
     cases = [case.strip() for case in args.cases.split(",") if case.strip()]
     return settings, cases, args.json

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.framing import encode_varint
+from benchmarks.framing import encode_varint, read_varint
 
 T0_NS = 1_700_000_000_000_000_000  # any time in [2**56, 2**63) encodes in 9 varint bytes
 STEP_NS = 1_000_000
@@ -204,3 +204,8 @@ def keepalive_frame(stamp: int) -> bytes:
 
 
 MOVING_AVG_OPTIONS: list[tuple[str, object]] = [("field", "usage_user"), ("size", 10), ("as", "avg")]
+
+
+def varint_length(frame: bytes | memoryview) -> int:
+    """Bytes of the length varint that starts ``frame``: Kapacitor writes them apart from the body."""
+    return read_varint(frame, 0)[1]

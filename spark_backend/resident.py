@@ -91,11 +91,13 @@ class _ChainPace:
         about to end. None while the worker's time is not known: at once."""
         return None if self.computes is None else began + self.computes - self.takes
 
-    def wait_to_follow(self, began: float) -> None:
-        """Sleeps until ``take_at(began)``."""
+    def wait_to_follow(self, began: float, answered: Callable[[float], bool]) -> None:
+        """Waits until ``take_at(began)``, or until the slice's answer comes (``answered(seconds)``
+        waits that long at most for it): an estimate too long never holds an answer back. A
+        burst's slice is many times a trickle's, so the estimate is often off."""
         at = self.take_at(began)
         if at is not None and (left := at - time.monotonic()) > 0:
-            time.sleep(left)
+            answered(left)
 
     def followed(self, seconds: float) -> None:
         self.takes += self.WEIGHT * (seconds - self.takes)
@@ -231,7 +233,7 @@ class ResidentWorkers:
             self._send(worker, job, _Part(0, tasks), out[0][1] + self.batch_timeout)
             while out:
                 if chaining and len(out) == 1:
-                    pace.wait_to_follow(out[0][1])
+                    pace.wait_to_follow(out[0][1], worker.link.message_waiting)
                     asked = time.monotonic()
                     following = None if self._grants.others_waiting(key) else follow()
                     if following is None:

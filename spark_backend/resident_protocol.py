@@ -270,6 +270,13 @@ class Link:
             received += count
         return kind, payload
 
+    def message_waiting(self, timeout: float) -> bool:
+        """Whether the peer's next message has begun to come, waiting ``timeout`` seconds at
+        most for it (select: poll's milliseconds are too coarse for a slice's pace)."""
+        if self._end > self._start:
+            return True
+        return bool(select.select([self.sock], [], [], max(timeout, 0.0))[0])
+
     def _gather(self, size: int, deadline: float | None) -> bool:
         """At least ``size`` bytes in the buffer; False at an end of stream before any."""
         if self._end - self._start >= size:

@@ -13,7 +13,7 @@ from udf_agent.compute.engine import LocalEngine
 from udf_agent.runtime import inbox
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.pacing import FLOWING_AFTER_PAUSE, PAUSE, SMALL_READ, ReadPacer
+from udf_agent.runtime.pacing import FLOWING_AFTER_PAUSE, PAUSE, SMALL_READ, SUSTAINED, ReadPacer
 from udf_agent.testing import InProcessAgent
 
 
@@ -25,12 +25,16 @@ def test_a_trickle_is_never_paused():
     assert pauses == [0.0] * 200
 
 
-def test_back_to_back_small_reads_pause_and_keep_pausing_while_input_flows():
+def test_back_to_back_small_reads_pause_once_they_last_and_keep_pausing_while_input_flows():
     pacer = ReadPacer()
     now = 0.0
     assert pacer.after_read(300, now) == 0  # the first read after a quiet spell
     now += 0.00003
     assert pacer.after_read(300, now) == 0  # two in a row may be one point's two writes
+    # A burst (a thousand points: ~10 ms of back-to-back reads) is read at once to its end.
+    while now + 0.00003 < SUSTAINED:
+        now += 0.00003
+        assert pacer.after_read(300, now) == 0
     pauses = []
     size = 300
     for _ in range(50):
@@ -42,17 +46,20 @@ def test_back_to_back_small_reads_pause_and_keep_pausing_while_input_flows():
     assert pauses == [PAUSE] * 50  # the pause itself does not end the flow
 
 
-def test_a_burst_in_a_trickle_pauses_once_and_the_trickle_is_read_at_once_again():
-    """At 1 k points/s, three points written back to back (a writer catching up) look like a
-    flow; the pause then gathers two points, read at once after it. Counted as flowing, every
-    read from then on was paused: the relay (2 ms) made each point wait ~1 ms more."""
+def test_a_burst_is_never_paused_and_a_pause_that_gathers_a_trickle_ends_the_flow():
+    """A burst (a writer's flush, forwarded back to back) is read to its end without a pause:
+    its rest would only wait. And at 1 k points/s after a flow, the pause gathers two points,
+    read at once after it: counted as flowing, every read from then on was paused (the relay,
+    2 ms, made each point wait ~1 ms more)."""
     pacer = ReadPacer(pause=0.002)
     now = 0.0
+    assert [pacer.after_read(181, now + i * 0.00003) for i in range(300)] == [0.0] * 300  # 9 ms
+    now += 0.5
     pauses = []
-    for _ in range(3):
+    while not pauses or not pauses[-1]:  # a flow that lasts is paused
         pauses.append(pacer.after_read(181, now))
         now += 0.00003
-    assert pauses == [0.0, 0.0, 0.002]
+    assert pauses[-1] == 0.002 and now > 0.5 + SUSTAINED
     now += 0.002  # paused: two points came meanwhile, read at once
     assert pacer.after_read(362, now) == 0.0
     # The trickle goes on, a point a millisecond, read as it comes.
@@ -60,7 +67,7 @@ def test_a_burst_in_a_trickle_pauses_once_and_the_trickle_is_read_at_once_again(
 
 
 def test_a_big_read_is_not_paused_after():
-    pacer = ReadPacer()
+    pacer = ReadPacer(sustained=0.0)
     pacer.after_read(300, 0.0)
     pacer.after_read(300, 0.00001)
     assert pacer.after_read(SMALL_READ, 0.00002) == 0

@@ -577,8 +577,29 @@ def test_a_chains_pace_takes_the_next_slice_as_the_worker_ends_the_one_before_by
     # The slice's start, plus the worker's time, less the take's.
     assert pace.take_at(100.0) == pytest.approx(100.0 + pace.computes - pace.takes)
     began = time.monotonic()
-    pace.wait_to_follow(began)
-    assert time.monotonic() >= pace.take_at(began)
+    waited: list[float] = []
+    pace.wait_to_follow(began, lambda seconds: waited.append(seconds) or False)
+    assert waited and waited[0] <= pace.take_at(began) - began
+    # An answer that comes first ends the wait: the estimate never holds it back.
+    pace.computed(60.0)
+    pace.wait_to_follow(time.monotonic(), lambda seconds: seconds > 1.0)
+
+
+def test_a_chain_reads_an_answer_that_came_before_its_paces_estimate():
+    # A real link: the answer is on the socket before the estimated end; the wait ends at once.
+    from spark_backend.resident_protocol import Link
+
+    ours, theirs = socket.socketpair()
+    link = Link(ours, deadlines=True)
+    pace = _ChainPace()
+    pace.computed(30.0)  # a long estimate, far off
+    threading.Timer(0.05, lambda: theirs.sendall(b"x")).start()
+    waited_from = time.monotonic()
+    pace.wait_to_follow(waited_from, link.message_waiting)
+    assert time.monotonic() - waited_from < 20.0
+    assert link.message_waiting(0.0)
+    ours.close()
+    theirs.close()
 
 
 def test_a_slice_ends_when_its_worker_says_only_on_the_agents_clock_and_within_the_slice():

@@ -18,7 +18,7 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.library.builtins import mirror, moving_avg, outliers
 from udf_agent.runtime.events import Compute, Emit, Fail, Restore, Send, Started, TakeCheckpoint
-from udf_agent.runtime.flushing import FLOWING_POINTS, FlushPolicy
+from udf_agent.runtime.flushing import FlushPolicy
 from udf_agent.runtime.session import Session
 from udf_agent.targets import FUNCTION_TARGETS
 from udf_agent.testing import grouped_point, option
@@ -379,32 +379,13 @@ def test_a_micro_batch_is_as_old_as_its_first_point_and_closes_when_flushed():
     drive(s, [point(1)], now=10.0)
     drive(s, [point(2)], now=10.3)  # later points do not make it younger
     assert s.open_micro_batch() == (10.0, 2)
-    assert FlushPolicy(flush_interval=0.5, adaptive=False).due(*s.open_micro_batch(), 10.3) == pytest.approx(10.5)
+    assert FlushPolicy(flush_interval=0.5, adaptive=False).due(s.open_micro_batch()[0], 10.3) == pytest.approx(10.5)
     events = s.flush()
     assert kinds(events) == ["Compute"]
     assert events[0].batch.count == 2
     assert events[0].batch.opened_at == 10.0
     assert s.open_micro_batch() is None
     assert s.flush() == []
-
-
-def test_an_idle_compute_side_takes_a_trickle_at_once_and_lets_a_flow_gather():
-    policy = FlushPolicy(flush_interval=0.5, gather=0.1)
-    s = started()
-    drive(s, [point(1)], now=10.0)
-    assert policy.due(*s.open_micro_batch(), 10.0) == 10.0  # one point: at once, however fast it came
-    drive(s, [point(t) for t in range(2, 2 + FLOWING_POINTS)], now=10.0002)
-    # Nine points in 0.2 ms (45 k points/s): left to gather until the micro-batch is 0.1 s old...
-    assert policy.due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.1)
-    # ... or its flush interval, if shorter; without the adaptive flush, the flush interval.
-    assert FlushPolicy(flush_interval=0.05, gather=0.1).due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.05)
-    assert FlushPolicy(flush_interval=0.5, adaptive=False).due(*s.open_micro_batch(), 10.0002) == pytest.approx(10.5)
-    (computed,) = s.flush()
-    assert computed.batch.count == 1 + FLOWING_POINTS
-    # The same nine points over 10 ms (900 points/s) are no flow: at once.
-    for t in range(9):
-        drive(s, [point(100 + t)], now=20.0 + t * 0.00125)
-    assert policy.due(*s.open_micro_batch(), 20.01) == 20.01
 
 
 def column(points: bytes, name: str) -> list:

@@ -162,6 +162,42 @@ def test_a_task_whose_server_died_and_none_can_be_joined_fails_saying_why(driver
     assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
 
 
+# A relay whose join waits until the file named by argv[1] exists, then finds no server.
+SLOW_JOIN = """
+import os, sys, time
+from udf_agent.serve.relay import relay_stdio
+from udf_agent.serve.shared import ServerOptions, SharedServerError
+
+def join():
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+    raise SharedServerError("no server in this test")
+
+relay_stdio(join, "info", "text", ServerOptions(None, 600.0))
+"""
+
+
+def test_a_relay_answers_keepalives_from_its_first_moment_while_it_joins_its_server(drivers, tmp_path):
+    # Starting a server (and Spark behind it) takes as long as it takes; Kapacitor's watchdog is
+    # answered meanwhile by the relay itself, and what came in is kept for the server.
+    go = str(tmp_path / "go")
+    driver = KapacitorDriver.command([sys.executable, "-c", SLOW_JOIN, go], cwd=ROOT)
+    try:
+        driver.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        driver.keepalive(7)
+        driver.keepalive(8)
+        answers = driver.responses.wait_for("keepalive", 2, timeout=60)
+        assert [answer.time for answer in answers] == [7, 8]
+        assert driver.process.poll() is None and not driver.responses.of("info")  # still joining
+        open(go, "w").close()
+        (error,) = driver.responses.wait_for("error", timeout=60)
+        assert "no server in this test" in error.error
+        assert driver.process.wait(30) == 1
+        assert driver.responses.kinds()[-1] == "error"
+    finally:
+        driver.kill()
+
+
 def imported(driver: KapacitorDriver, module: str) -> bool:
     """Whether a process started with ``-X importtime`` imported ``module``."""
     return re.search(rf"^import time:.*\|\s+{re.escape(module)}$", driver.log(), re.MULTILINE) is not None

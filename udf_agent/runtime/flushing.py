@@ -1,36 +1,50 @@
 """When the compute thread takes the open micro-batch: scheduling, not protocol (the session
-only says what is open, since when, and how many points it holds).
+only says what is open and since when; the reader says when input came and when, after a read,
+it found none waiting).
 
-At the latest ``flush_interval`` after it opened. With the adaptive flush, an idle compute
-thread takes it at once, unless points are flowing in fast: an open micro-batch of at least
-FLOWING_POINTS points that arrived at FLOWING_RATE points/s or faster is left to gather until
-it is ``gather`` old. Under Kapacitor's feed the compute thread, idle the moment it finishes,
-would otherwise take a handful of points at a time and pay a worker round trip for each; at a
-trickle (1 k points/s: a point at a time) it still takes each point at once.
+Kapacitor's writer is the clock. It forwards a writer's flush (a point for each of many series)
+back to back, two small writes a point, then nothing until the next flush; a trickle is the
+same with a point a flush. So when the reader finds nothing more to read, what it has read is
+all there is for now: the open micro-batch is due at once, however it arrived (one read or
+many, a point or a thousand). While bytes are still waiting to be read, an idle compute thread
+lets it gather, until it is ``gather`` old at most: under Kapacitor's feed flat out, input is
+always waiting, and a compute thread that took what was read each time it was free would pay a
+worker round trip for a handful of points. ``flush_interval`` bounds every wait; without the
+adaptive flush a micro-batch waits for it (bigger micro-batches, by the user's choice).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-FLOWING_POINTS = 8
-FLOWING_RATE = 10_000.0
 # What a micro-batch costs is mostly per group in it: under Kapacitor's feed of 1,000 series,
 # gathering 50 ms took 8 us of CPU a point and 150 ms 5 us (the official agent: 14).
 GATHER = 0.15
 
 
-@dataclass(frozen=True)
 class FlushPolicy:
-    flush_interval: float
-    gather: float = GATHER
-    adaptive: bool = True
+    """Sans-IO: told when input came and when the reader found none waiting, says when an idle
+    compute thread takes the open micro-batch. Its input side is written by whoever holds the
+    read turn and read by the compute thread, both holding the work queue's lock."""
 
-    def due(self, opened_at: float, points: int, now: float) -> float:
-        """When an idle compute thread takes a micro-batch opened at ``opened_at`` that holds
-        ``points`` points, asked at ``now``."""
+    def __init__(self, flush_interval: float, gather: float = GATHER, adaptive: bool = True):
+        self.flush_interval = flush_interval
+        self.gather = gather
+        self.adaptive = adaptive
+        # Whether the reader, after its last read that brought input, found none waiting.
+        self.paused = False
+
+    def input_came(self) -> None:
+        """A read brought input: more may be waiting, until the reader looks."""
+        self.paused = False
+
+    def input_paused(self) -> None:
+        """The reader found nothing more to read: what it read is all there is for now."""
+        self.paused = True
+
+    def due(self, opened_at: float, now: float) -> float:
+        """When an idle compute thread takes a micro-batch opened at ``opened_at``, asked at ``now``."""
         latest = opened_at + self.flush_interval
         if not self.adaptive:
             return latest
-        flowing = points >= FLOWING_POINTS and points >= FLOWING_RATE * max(now - opened_at, 1e-6)
-        return min(latest, opened_at + self.gather if flowing else now)
+        if self.paused:
+            return min(latest, now)
+        return min(latest, opened_at + self.gather)

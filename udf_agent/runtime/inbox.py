@@ -111,7 +111,7 @@ class Inbox:
     def micro_batch_due(self, now: float) -> float | None:
         """When the compute thread, idle, takes the open micro-batch (caller holds the lock)."""
         opened = self.session.open_micro_batch()
-        return None if opened is None else self.flush_policy.due(*opened, now)
+        return None if opened is None else self.flush_policy.due(opened[0], now)
 
     def close_micro_batch(self) -> None:
         """The open micro-batch goes to compute: it is due (caller holds the lock). Only the
@@ -196,6 +196,7 @@ class Inbox:
                     pause = pacer.after_read(len(data), time.monotonic())
                     if not self._take_in(data):
                         return
+                    self._look_for_pause()
                     small = len(data) < SMALL_READ
                 self._wait_for_room()
                 if session.input_broken:
@@ -228,6 +229,8 @@ class Inbox:
         """Cuts the frames of ``data`` (holding the read turn; outside the lock: only the turn's
         holder touches the session's input side) and acts on them; False once the session has
         failed. ``wake``: the compute thread is told of new work (not when it read it)."""
+        with self._work.cond:
+            self.flush_policy.input_came()
         self.session.receive_data(data)
         while self.session.frames_waiting:
             if not self._act_on_input(wake):
@@ -258,11 +261,24 @@ class Inbox:
             with self._work.cond:
                 self._read_at = time.monotonic()
             self._take_in(self._buffer[:read], wake=False)
+            self._look_for_pause(wake=False)
             with self._work.cond:
                 if self.points_waiting() >= self.config.max_pending_points:
                     self._work.cond.notify_all()  # the reader's gathering ends: it waits for room instead, with heartbeats
         finally:
             self._read_turn.release()
+
+    def _look_for_pause(self, wake: bool = True) -> None:
+        """After a read (holding the read turn): if nothing more is waiting, the input has
+        paused, and what was read is all there is for now: the open micro-batch is due at once
+        (``FlushPolicy``). One poll a read. ``wake``: the compute thread is told (not when it
+        read the input itself)."""
+        if self.connection.input_waiting():
+            return
+        with self._work.cond:
+            self.flush_policy.input_paused()
+            if wake:
+                self._work.wake_for(time.monotonic())
 
     def _gather_while_computing(self) -> bool:
         """While a micro-batch is computing (or queued, or due: the compute thread takes it at

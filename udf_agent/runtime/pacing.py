@@ -7,8 +7,11 @@ with little in them, a short pause lets the pipe fill and the next read takes ma
 trickle the reader never pauses, so latency at low rates is what it was: a point's two writes
 make two reads back to back, so it takes three in a row, each within ``flowing_gap`` of the one
 before, to count as flowing; and a pause that gathered only a few points ends the flow (a burst
-in a trickle, or a rate too low for a pause to be worth it). The pause bounds what is added at
-high rates.
+in a trickle, or a rate too low for a pause to be worth it). Nor is a burst paused: Kapacitor
+forwards a writer's flush back to back (1,000 points in ~10 ms), and a pause in the middle of
+one only makes its rest wait. Reads must have come back to back for ``sustained`` before the
+reader pauses: a flow that lasts is a stream, where the pause saves CPU. The pause bounds what
+is added at high rates.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ PAUSE = 0.001
 FLOWING_GAP = 0.0005
 # Back-to-back reads in a row that make a flow (a point's two writes are two of them).
 FLOWING_READS = 3
+# How long reads must have come back to back before the reader pauses: longer than a burst of
+# a thousand points takes to arrive.
+SUSTAINED = 0.01
 # A read this big already carried many points: no pause after it.
 SMALL_READ = 16 * 1024
 # A pause worth its wait gathers at least this much (a few points). A read after a pause that
@@ -35,12 +41,14 @@ COMPUTE_GATHER = 0.005
 class ReadPacer:
     """Sans-IO: told each read's size and time, says how long to pause before the next."""
 
-    def __init__(self, pause: float = PAUSE, flowing_gap: float = FLOWING_GAP, small_read: int = SMALL_READ):
+    def __init__(self, pause: float = PAUSE, flowing_gap: float = FLOWING_GAP, small_read: int = SMALL_READ, sustained: float = SUSTAINED):
         self._pause = pause
         self._flowing_gap = flowing_gap
         self._small_read = small_read
+        self._sustained = sustained
         self._ready_at = float("-inf")
         self._in_a_row = 0
+        self._flow_began = float("-inf")  # the first read of the back-to-back ones
         self._paused = False
 
     def after_read(self, size: int, now: float) -> float:
@@ -49,7 +57,9 @@ class ReadPacer:
             self._in_a_row = 1  # the pause gathered a trickle's few points
         else:
             self._in_a_row = self._in_a_row + 1 if now - self._ready_at < self._flowing_gap else 1
-        flowing = self._in_a_row >= FLOWING_READS
+        if self._in_a_row == 1:
+            self._flow_began = now
+        flowing = self._in_a_row >= FLOWING_READS and now - self._flow_began >= self._sustained
         pause = self._pause if flowing and size < self._small_read else 0.0
         # From the end of the pause: a reader that paused is flowing if the next read
         # returns at once with what gathered meanwhile, not because of the time it paused.

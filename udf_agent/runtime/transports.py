@@ -115,6 +115,9 @@ class FdConnection:
         except OSError:  # BlockingIOError: nothing yet
             return None
 
+    def input_waiting(self) -> bool:
+        return bool(self._poller.poll(0))  # an abort counts: the next read returns at once
+
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
         total = len(view)
@@ -161,6 +164,8 @@ class SocketConnection:
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
+        self._input_poller = select.poll()
+        self._input_poller.register(sock, select.POLLIN | select.POLLRDHUP | select.POLLHUP)
 
     def read_into(self, buffer: memoryview) -> int:
         return self.sock.recv_into(buffer)
@@ -170,6 +175,9 @@ class SocketConnection:
             return self.sock.recv_into(buffer, 0, socket.MSG_DONTWAIT)
         except OSError:
             return None
+
+    def input_waiting(self) -> bool:
+        return bool(self._input_poller.poll(0))
 
     def limit_unread_input(self, size: int) -> None:
         # A unix stream socket queues what the peer sends against the peer's send buffer,

@@ -74,25 +74,24 @@ def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, as
     """The task's process as a relay: claims stdin and stdout, joins its server with
     ``join`` (saying what of ``asked_of_server`` that server, started earlier, does otherwise)
     and relays until the server closes the task's connection, carrying the task over to a new
-    server with ``rejoin`` if it dies; exits."""
+    server with ``rejoin`` if it dies; exits. It reads and keeps Kapacitor's input, answering
+    its keepalives, from the first moment: joining (a server to start, Spark's JVM behind it)
+    takes as long as it takes."""
     read_fd, write_fd = claim_stdio_fds()
     configure_logging(log_level, log_format)
     # The relay's own lines name the task once the server's records have told its IDs.
     labels = TaskLabels()
     label_thread(labels)
+    relay = Relay(read_fd, write_fd, labels, rejoin)
     try:
         welcome = join()
     except SharedServerError as exc:
-        from udf_agent.wire.guard import error_frame
-
-        log.error("%s", exc)
-        os.write(write_fd, error_frame(f"udf-agent: {exc}"))
-        sys.stderr.flush()
-        os._exit(1)
-    log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
-    for notice in options_not_used(welcome, asked_of_server):
-        log.warning("%s", notice)
-    code = Relay(welcome, read_fd, write_fd, labels, rejoin).run()
+        code = relay.fail(f"udf-agent: {exc}")
+    else:
+        log.info("computing on the shared Spark server (pid %d); its log: %s", welcome.pid, welcome.log)
+        for notice in options_not_used(welcome, asked_of_server):
+            log.warning("%s", notice)
+        code = relay.run(welcome)
     sys.stderr.flush()
     os._exit(code)
 
@@ -102,42 +101,45 @@ class Relay:
     task's records it sends; keeps what it needs to carry the task over to a new server if
     this one dies (``failover``), and does so when given how to ``rejoin``."""
 
-    def __init__(self, welcome: Welcome, read_fd: int, write_fd: int, labels: TaskLabels, rejoin: Callable[[], Welcome] | None = None):
-        self._welcome = welcome
+    def __init__(self, read_fd: int, write_fd: int, labels: TaskLabels, rejoin: Callable[[], Welcome] | None = None):
         self._labels = labels
-        self._sock = _input_link(welcome)
         self._read_fd = read_fd
         self._rejoin = rejoin
         self._input_ended = threading.Event()
         self._output = KapacitorOutput(write_fd, self._input_ended)
-        self._chunks = ChunkSplitter()
+        self._output.open()
         # Guards the carry-over's kept input and whether input goes to a server now.
         self._lock = threading.Condition()
         self._carry = CarryOver()
-        self._carrying_over = False
-        self._keepalives_scanned = 0  # of the kept input, while carrying over
+        # Until a server takes the input (the first, or a new one), the relay keeps it and
+        # answers the keepalives in it; the server gets it all once joined.
+        self._carrying_over = True
+        self._keepalives_scanned = 0  # of the kept input, while no server takes it
+        self._sock: socket.socket | None = None
+        self._chunks = ChunkSplitter()
         self.carry_overs = 0
-
-    def run(self) -> int:
-        """Relays until the server closes the connection; the exit code for the process."""
-        self._output.open()
+        self._carry_started = 0.0  # when the last carry-over began
         threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
         # SIGTERM ends the input as Kapacitor closing stdin would.
         on_stop_signals(lambda reason: self._end_input(), "the shared server finishes this task's accepted work")
-        while True:
-            code = self._relay_output()
-            if code is None:
-                code = self._carry_over()
-            if code is not None:
-                return code
 
-    def _relay_output(self) -> int | None:
+    def run(self, welcome: Welcome) -> int:
+        """Gives ``welcome``'s server the task's input so far, then relays until the server
+        closes the connection; the exit code for the process."""
+        server: Welcome | int = welcome
+        while not isinstance(server, int):
+            self._hand_over(server)
+            code = self._relay_output(server)
+            server = code if code is not None else self._carry_over(server)
+        return server
+
+    def _relay_output(self, server: Welcome) -> int | None:
         """Relays the server's output until its connection ends: the exit code, or None when
         the server died in the middle of the task and the task is to be carried over."""
         received = bytearray(CHUNK)
         chunk = memoryview(received)
         try:
-            while size := self._sock.recv_into(received):
+            while size := server.sock.recv_into(received):
                 self._take(chunk[:size])
         except ConnectionResetError:
             pass  # the server died with our input unread: judged below, as an end
@@ -145,29 +147,29 @@ class Relay:
             return 1  # Kapacitor no longer reads our output: nothing to tell it
         except OutputAbandoned:
             log.warning("input closed and no output taken for %g s (a task abort): the rest of this task's output is dropped", STOPPED_READER_TIMEOUT)
-            self._sock.close()
+            server.sock.close()
             return 0
         except CarryOverError as exc:
-            return self._fail(f"udf-agent: this task could not be carried over to a new shared Spark server: {exc}")
+            return self.fail(f"udf-agent: this task could not be carried over to a new shared Spark server: {exc}")
         except LinkError as exc:
-            return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) sent what this task's process cannot read ({exc}); its log: {self._welcome.log}")
+            return self.fail(f"udf-agent: the shared Spark server (pid {server.pid}) sent what this task's process cannot read ({exc}); its log: {server.log}")
         _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
         finished = self._input_ended.is_set() and not partial and not self._carry.catching_up
-        if finished and server_alive(self._welcome):
+        if finished and server_alive(server):
             return 0  # the session's orderly end
-        died = self._server_ended()
+        died = self._server_ended(server)
         if died and self._rejoin is not None and self.carry_overs < MAX_CARRY_OVERS:
             # Even a task that was stopping: its drain may have been cut short, and a new
             # server recomputing what Kapacitor already has sends it nothing twice.
             return None
         if finished:
-            log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", self._welcome.pid, self._welcome.log)
+            log.warning("the shared server (pid %d) ended while this task was stopping; its log: %s", server.pid, server.log)
             return 0
         cause = "was killed or crashed" if died else "closed this task's connection"
-        return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) {cause} in the middle of the task; its log: {self._welcome.log}")
+        return self.fail(f"udf-agent: the shared Spark server (pid {server.pid}) {cause} in the middle of the task; its log: {server.log}")
 
     def _take(self, chunk: bytes | memoryview) -> None:
         """What the server sent, in order: log records to stderr, output to Kapacitor (less
@@ -189,11 +191,12 @@ class Relay:
                 self._carry.checkpointed(checkpoint)
                 self._lock.notify_all()  # an input held for room goes on
 
-    def _carry_over(self) -> int | None:
-        """Joins a new server (starting it, or waiting for the relay that does) and gives it
-        the task back: its Init, a Restore of its last checkpoint and the input since. Until
-        it catches up the relay answers Kapacitor's watchdog itself. None once carried over."""
+    def _carry_over(self, dead: Welcome) -> Welcome | int:
+        """Joins a new server in place of ``dead`` (starting it, or waiting for the relay that
+        does), to be given the task back (``_hand_over``). Until it catches up the relay
+        answers Kapacitor's watchdog itself. The new server, or the exit code if none."""
         self.carry_overs += 1
+        self._carry_started = time.monotonic()
         with self._lock:
             self._carrying_over = True
             kept = self._carry.kept_input
@@ -201,15 +204,18 @@ class Relay:
             self._answer_keepalives()
         self._output.heartbeat("carry-over", True)
         log.warning(
-            "the shared Spark server (pid %d) died in the middle of the task: carrying the task over to a new one (its last checkpoint and %d bytes of input since)", self._welcome.pid, kept
+            "the shared Spark server (pid %d) died in the middle of the task: carrying the task over to a new one (its last checkpoint and %d bytes of input since)", dead.pid, kept
         )
         assert self._rejoin is not None
-        started = time.monotonic()
         try:
-            welcome = self._rejoin()
+            return self._rejoin()
         except SharedServerError as exc:
-            return self._fail(f"udf-agent: the shared Spark server (pid {self._welcome.pid}) died and no new one could be joined: {exc}")
-        self._welcome, self._sock, self._chunks = welcome, _input_link(welcome), ChunkSplitter()
+            return self.fail(f"udf-agent: the shared Spark server (pid {dead.pid}) died and no new one could be joined: {exc}")
+
+    def _hand_over(self, welcome: Welcome) -> None:
+        """``welcome``'s server takes the task: it gets the last checkpoint and the input kept
+        since (everything, before the first checkpoint), then the input goes straight to it."""
+        self._sock, self._chunks = _input_link(welcome), ChunkSplitter()
         snapshot = self._carry.snapshot
         restore = b"" if snapshot is None else _restore_frame(snapshot)
         with self._lock:
@@ -229,11 +235,11 @@ class Relay:
             if ended:
                 self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
-            log.warning("the new shared server (pid %d) took the task's replay only in part (%s)", welcome.pid, exc)  # its end is seen by the output loop
-        log.warning("carried over to the shared Spark server (pid %d) in %.1f s: %d bytes replayed; its log: %s", welcome.pid, time.monotonic() - started, len(replay), welcome.log)
-        return None
+            log.warning("the shared server (pid %d) took the task's replay only in part (%s)", welcome.pid, exc)  # its end is seen by the output loop
+        if self.carry_overs:
+            log.warning("carried over to the shared Spark server (pid %d) in %.1f s: %d bytes replayed; its log: %s", welcome.pid, time.monotonic() - self._carry_started, len(replay), welcome.log)
 
-    def _fail(self, message: str) -> int:
+    def fail(self, message: str) -> int:
         """Ends the task with ``message`` as its last frame."""
         log.error("%s", message)
         from udf_agent.wire.guard import error_frame  # protobuf, only when there is this to tell
@@ -245,11 +251,11 @@ class Relay:
             pass
         return 1
 
-    def _server_ended(self) -> bool:
+    def _server_ended(self, server: Welcome) -> bool:
         """Whether the server died: a killed process closes its sockets a moment before the
         kernel marks it dead, so a connection that ends abruptly is given a short grace."""
         deadline = time.monotonic() + SERVER_END_GRACE
-        while server_alive(self._welcome):
+        while server_alive(server):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
