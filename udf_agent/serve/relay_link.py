@@ -58,11 +58,13 @@ class Checkpoint(NamedTuple):
     snapshot: bytes
 
     @classmethod
-    def parse(cls, payload: bytes) -> Checkpoint:
+    def parse(cls, payload: bytes | memoryview) -> Checkpoint:
+        """One copy of each part: a checkpoint of many groups' state is tens of MB, and the
+        relay's footprint is what it keeps plus what it copies on the way."""
         (input_bytes,) = LENGTH.unpack_from(payload)
         (init_length,) = LENGTH.unpack_from(payload, LENGTH.size)
         start = 2 * LENGTH.size
-        return cls(input_bytes, payload[start : start + init_length], payload[start + init_length :])
+        return cls(input_bytes, bytes(payload[start : start + init_length]), bytes(payload[start + init_length :]))
 
 
 def output_message(frames: bytes, counted: int) -> bytes:
@@ -202,11 +204,11 @@ class ChunkSplitter:
                 chunks.append(bytes(buffer[start + LENGTH.size : end]))
                 pos = end
                 continue
-            body = bytes(buffer[start:end])
             if kind == LOG_RECORD:
-                records.append(body)
+                records.append(bytes(buffer[start:end]))
             elif kind == CHECKPOINT:
-                checkpoint = Checkpoint.parse(body)
+                with memoryview(buffer) as view:  # released before the buffer is cut below
+                    checkpoint = Checkpoint.parse(view[start:end])
             else:
                 raise LinkError(f"a message of unknown kind {kind}")
             pos = end
