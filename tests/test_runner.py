@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.compute.engine import LocalEngine
+from udf_agent.compute.engine import CHAINED_SLICE_BYTES, LocalEngine
 from udf_agent.library.builtins import moving_avg
 from udf_agent.options import parse_options
 from udf_agent.runtime.checkpoints import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, Checkpoints
@@ -149,6 +149,27 @@ def test_micro_batches_ready_while_one_computes_are_chained_unless_one_out_share
     assert b"".join(frames) == b"".join(expected)
     assert _output_times(frames) == list(range(5))
     assert runner.stats.micro_batches == len(CHAIN)
+
+
+@pytest.mark.spark
+def test_a_micro_batch_too_big_to_send_while_the_worker_answers_is_not_chained(spark_engine):
+    # Two micro-batches of 8,000 groups each (neither shares a group; not worth splitting), each
+    # slice and each answer several times the link's buffers. Chained, the second would be sent
+    # while the worker writes the first's answer, each waiting for the other to read until the
+    # batch timeout, and the worker lost; it is computed after the first instead.
+    groups = 8_000
+    runner = _moving_avg_runner(Engines(lambda: spark_engine))
+    first = _micro_batch([(t, f"a{t}") for t in range(groups)])
+    second = _micro_batch([(t, f"b{t}") for t in range(groups)])
+    weighed = _moving_avg_runner(Engines(LocalEngine))._take(_micro_batch([(t, f"b{t}") for t in range(groups)]))
+    assert weighed.task_tables.single_slice().payload_bytes() > 8 * CHAINED_SLICE_BYTES
+    queued = [second]
+    runner.take_next = lambda: queued.pop(0) if queued else None
+    losses = spark_engine.resident.worker_losses
+    runner.run(Compute(first))
+    assert not queued  # taken while the first computed, not chained: computed next, in order
+    assert spark_engine.resident.worker_losses == losses
+    assert sorted(_output_times(runner.writer.frames)) == sorted(list(range(groups)) * 2)  # type: ignore[attr-defined]
 
 
 class _ChainBreaksAfterOne(LocalEngine):

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from udf_agent.compute.packed import ResultColumns, StreamTasks
 
 
+# The most a slice chained behind another may carry (``Engine.chain_stream``). It is sent while
+# the worker may be writing the answer before it, which the agent reads only after: a slice
+# larger than the link's buffers would wait for a worker that waits for the agent (both
+# writing, neither reading) until the batch timeout.
+CHAINED_SLICE_BYTES = 32 * 1024
+
 class EngineStartError(RuntimeError):
     """The engine cannot start (Spark unreachable, no Java): the message says why and what to
     do, and a traceback would add nothing to it."""
@@ -61,7 +67,8 @@ class Engine(Protocol):
         """``run_stream`` of ``tasks``, then of each slice ``follow()`` gives, the results of each
         in turn: an engine that can sends the next slice while one computes (asking ``follow``
         then; None ends the chain), so a trickle's micro-batches do not wait for the agent's
-        work between them. One that cannot gives ``tasks``' results alone, never asking."""
+        work between them. One that cannot gives ``tasks``' results alone, never asking.
+        ``follow`` gives slices of at most ``CHAINED_SLICE_BYTES``."""
 
     def run_handler(self, call: HandlerCall, tenant: Tenant | None = None) -> HandlerOutcome:
         """A micro-batch of a Kapacitor Handler script's requests, fed to the task's handler

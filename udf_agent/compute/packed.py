@@ -246,6 +246,10 @@ class StreamTasks:
         sizes: np.ndarray = np.maximum(self.data.lengths, 0)
         return sizes
 
+    def payload_bytes(self) -> int:
+        """Bytes of new points, histories and states it carries: about its weight on the wire."""
+        return int(sum(np.maximum(blobs.lengths, 0).sum() for blobs in (self.data, self.histories, self.states)))
+
     def slice(self, first: int, count: int) -> StreamTasks:
         end = first + count
         return StreamTasks(self.seq[first:end], self.keys[first:end], self.data.slice(first, count), self.histories.slice(first, count), self.states.slice(first, count))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from udf_agent.api import UDFSpec
-from udf_agent.compute.engine import EngineStartError
+from udf_agent.compute.engine import CHAINED_SLICE_BYTES, EngineStartError
 from udf_agent.errors import first_line
 from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.engines import Engines
@@ -198,7 +198,8 @@ class MicroBatchRunner:
         """``first``'s one slice on its engine's chain (``Engine.chain_stream``), with each
         micro-batch that is the next work and ready while one computes sent behind it, when its
         engine is the same and none of its groups is in a micro-batch still out (its history
-        would be the one before that micro-batch); each output in turn. What the chain did
+        would be the one before that micro-batch) and it is small enough to be sent while the
+        worker answers (``CHAINED_SLICE_BYTES``); each output in turn. What the chain did
         not answer (its engine failed) is computed as any micro-batch is. The micro-batch
         taken and not chained, to compute next."""
         job = self._job()
@@ -219,7 +220,7 @@ class MicroBatchRunner:
                 broken.append(exc)
                 raise
             following = link.task_tables.single_slice() if link.engine is first.engine else None
-            if following is None or any(not set(following.keys).isdisjoint(sent.keys) for _, sent in out):
+            if following is None or following.payload_bytes() > CHAINED_SLICE_BYTES or any(not set(following.keys).isdisjoint(sent.keys) for _, sent in out):
                 unchained = link
                 return None
             out.append((link, following))
