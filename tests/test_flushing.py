@@ -3,7 +3,7 @@
 Each timeline is what Kapacitor writes (two writes a point: its length, then its body) and
 what a reader does with it: it reads whatever has been written, spends a while on it, and
 then, as the inbox does, tells the policy what it found (``input_came``; ``input_paused``
-when nothing more is waiting). An idle compute thread takes the
+when nothing more is waiting, or has come within ``settle`` in a sustained flow). An idle compute thread takes the
 open micro-batch once it is due and spends a while on it. The figures are how long each point
 waits from its last write until its micro-batch is taken.
 """
@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from udf_agent.runtime.flushing import GATHER, FlushPolicy
+from udf_agent.runtime.flushing import GATHER, SETTLE, FlushPolicy
+from udf_agent.runtime.pacing import SUSTAINED
 
 # Between a point's two writes, and between points of a burst, as Kapacitor's writer
 # goroutine makes them (two system calls a point).
 WRITE_GAP = 2e-6
 POINT_GAP = 8e-6
+POINT_BYTES = 120
 
 
 def burst_writes(points: int, every: float, bursts: int, start: float = 0.0) -> list[float]:
@@ -58,13 +60,15 @@ def play(written: list[float], policy: FlushPolicy, read_cost: float = 30e-6, co
         # The reader: reads what has been written by now (or waits for the next write).
         if read < len(written) and written[read] <= now:
             came = bisect.bisect_right(written, now) - read
+            policy.input_came(now, came * POINT_BYTES)
             if not open_points:
                 opened_at = now
             open_points += written[read : read + came]
             read += came
-            policy.input_came()
             now += read_cost  # framing and acting on what it read
-            if not (read < len(written) and written[read] <= now):
+            settle = policy.settle(now)
+            if not (read < len(written) and written[read] <= now + settle):
+                now += settle  # waited that long for more
                 policy.input_paused()
         # An idle compute thread takes the open micro-batch once it is due.
         if open_points and compute_free_at <= now and policy.due(opened_at, now) <= now:
@@ -106,6 +110,26 @@ def test_a_burst_read_as_it_is_written_is_taken_once_it_ends():
     assert timeline.worst < 1_000 * POINT_GAP + 1e-3
 
 
+def test_a_paced_stream_is_no_pause_and_its_end_is_seen_a_settle_time_late():
+    # The relay in front of a shared server sends what it read every 2 ms while Kapacitor's
+    # feed flows: between two sends the server finds nothing waiting. Once the flow has lasted
+    # SUSTAINED, that is no pause: the stream gathers (a worker round trip for 2 ms of input
+    # would cost the throughput); a burst's end is still seen at once, a stream's SETTLE late.
+    sends = [i * 0.002 for i in range(200)]  # 400 ms of a stream, in the relay's sends
+    written = sorted(t + j * 1e-5 for t in sends for j in range(100))
+    timeline = play(written, FlushPolicy(**POLICY))
+    assert max(timeline.batches) >= 0.9 * GATHER / 0.002 * 100
+    # Its first SUSTAINED is a burst, for all the reader knows: taken at each send.
+    assert timeline.batches[: int(SUSTAINED / 0.002)] == [100] * int(SUSTAINED / 0.002)
+    assert timeline.worst <= GATHER + 2e-3
+    assert max(timeline.waits[-100:]) <= SETTLE + 0.002 + 2e-3
+
+
+def test_a_trickle_never_waits_for_a_settle():
+    # 1 k points/s for a second: gaps shorter than SETTLE, yet no stream.
+    assert play(steady_writes(1_000, 1.0), FlushPolicy(**POLICY)).worst < 1e-4
+
+
 def test_a_steady_flood_still_gathers_for_the_gather_time():
     # 100 k points/s without a pause: each read finds more waiting, so micro-batches gather
     # until they are ``gather`` old, as before (a worker round trip for a handful of points
@@ -129,21 +153,28 @@ def test_irregular_bursts_each_go_when_they_end():
 
 def test_the_flush_interval_bounds_every_wait_and_a_fixed_flush_waits_for_it():
     flood = steady_writes(100_000, 0.2)
-    assert play(flood, FlushPolicy(flush_interval=0.02, gather=GATHER)).worst <= 0.02 + 2e-3
+    assert play(flood, FlushPolicy(flush_interval=0.02, gather=GATHER)).worst <= 0.02 + SETTLE + 2e-3
     # Without the adaptive flush a burst waits for the flush interval, pause or not: the user
     # asked for bigger micro-batches.
     fixed = play(burst_writes(100, 1.0, bursts=1), FlushPolicy(flush_interval=0.05, adaptive=False))
     assert fixed.worst >= 0.05 - 100 * POINT_GAP
 
 
-def test_a_pause_holds_until_input_comes_again():
+def test_a_pause_holds_until_input_comes_again_and_a_flow_that_lasts_settles_before_a_pause():
     policy = FlushPolicy(flush_interval=0.5, gather=0.1)
-    policy.input_came()  # more may be waiting: gather
+    policy.input_came(10.0, 12_000)  # more may be waiting: gather
     assert policy.due(10.0, 10.001) == pytest.approx(10.1)
+    assert policy.settle(10.001) == 0.0  # a young flow: nothing waiting is a pause
     policy.input_paused()
     assert policy.due(10.0, 10.001) == 10.001  # at once
-    policy.input_came()  # more: it gathers again until the reader finds none waiting
+    policy.input_came(10.002, 12_000)  # more: it gathers again until the reader finds none waiting
     assert policy.due(10.0, 10.002) == pytest.approx(10.1)
+    for step in range(1, 41):  # the same flow, lasting at 6 MB/s: a stream
+        policy.input_came(10.002 + step * SUSTAINED / 20, 6_000)
+    assert policy.settle(10.003 + 2 * SUSTAINED) == SETTLE
+    policy.input_paused()
+    policy.input_came(11.0, 120)  # after a gap, a new flow
+    assert policy.settle(11.0) == 0.0
     # The flush interval bounds the gathering; without the adaptive flush it is the only bound.
     assert FlushPolicy(flush_interval=0.05, gather=0.1).due(10.0, 10.001) == pytest.approx(10.05)
     fixed = FlushPolicy(flush_interval=0.5, adaptive=False)

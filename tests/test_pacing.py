@@ -13,7 +13,7 @@ from udf_agent.compute.engine import LocalEngine
 from udf_agent.runtime import inbox
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.pacing import FLOWING_AFTER_PAUSE, PAUSE, SMALL_READ, SUSTAINED, ReadPacer
+from udf_agent.runtime.pacing import PAUSE, SMALL_READ, SUSTAINED, ReadPacer
 from udf_agent.testing import InProcessAgent
 
 
@@ -31,18 +31,19 @@ def test_back_to_back_small_reads_pause_once_they_last_and_keep_pausing_while_in
     assert pacer.after_read(300, now) == 0  # the first read after a quiet spell
     now += 0.00003
     assert pacer.after_read(300, now) == 0  # two in a row may be one point's two writes
-    # A burst (a thousand points: ~10 ms of back-to-back reads) is read at once to its end.
+    # A burst (a couple of thousand points: ~SUSTAINED of back-to-back reads) is read at once to its end.
     while now + 0.00003 < SUSTAINED:
         now += 0.00003
         assert pacer.after_read(300, now) == 0
+    while not pacer.after_read(300, now):  # past that, the flow is a stream: paused
+        now += 0.00003
+        assert now < 2 * SUSTAINED
     pauses = []
-    size = 300
     for _ in range(50):
         now += 0.00003  # read, handled, and the next read returns at once
-        pause = pacer.after_read(size, now)
+        pause = pacer.after_read(12_000, now)  # what gathered during the pause: 100 points at 100 k/s
         pauses.append(pause)
         now += pause
-        size = FLOWING_AFTER_PAUSE  # what gathered during the pause: a few points at least
     assert pauses == [PAUSE] * 50  # the pause itself does not end the flow
 
 
@@ -68,10 +69,10 @@ def test_a_burst_is_never_paused_and_a_pause_that_gathers_a_trickle_ends_the_flo
 
 def test_a_big_read_is_not_paused_after():
     pacer = ReadPacer(sustained=0.0)
-    pacer.after_read(300, 0.0)
-    pacer.after_read(300, 0.00001)
-    assert pacer.after_read(SMALL_READ, 0.00002) == 0
-    assert pacer.after_read(300, 0.00003) == PAUSE
+    for i in range(5):  # a stream
+        pacer.after_read(12_000, i * 0.00001)
+    assert pacer.after_read(SMALL_READ, 0.00006) == 0
+    assert pacer.after_read(300, 0.00007) == PAUSE
 
 
 # ---- the reader while a micro-batch computes (``Inbox._gather_while_computing``) ----

@@ -33,9 +33,9 @@ class Connection(Protocol):
         side was aborted, or broke: the blocking ``read_into`` reports those), else the
         bytes read, 0 at end of input."""
 
-    def input_waiting(self) -> bool:
-        """Whether input (or its end) is waiting to be read now, seen without reading: when it is
-        not after a read, the peer's writes have paused."""
+    def input_waiting(self, within: float = 0.0) -> bool:
+        """Whether input (or its end) is waiting to be read, or comes ``within`` seconds, seen
+        without reading: when none is after a read, the peer's writes have paused."""
 
     def write(self, data: bytes, deadline: Deadline = ...) -> None:
         """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""

@@ -188,6 +188,7 @@ class Inbox:
                     if session.input_broken:  # found by a read ahead
                         self._act_on_input()
                         return
+                    self._look_for_pause()
                     data = buffer[: self.connection.read_into(buffer)]
                     if not data:
                         self._end_input()
@@ -230,7 +231,7 @@ class Inbox:
         holder touches the session's input side) and acts on them; False once the session has
         failed. ``wake``: the compute thread is told of new work (not when it read it)."""
         with self._work.cond:
-            self.flush_policy.input_came()
+            self.flush_policy.input_came(time.monotonic(), len(data))
         self.session.receive_data(data)
         while self.session.frames_waiting:
             if not self._act_on_input(wake):
@@ -269,11 +270,17 @@ class Inbox:
             self._read_turn.release()
 
     def _look_for_pause(self, wake: bool = True) -> None:
-        """After a read (holding the read turn): if nothing more is waiting, the input has
-        paused, and what was read is all there is for now: the open micro-batch is due at once
-        (``FlushPolicy``). One poll a read. ``wake``: the compute thread is told (not when it
-        read the input itself)."""
-        if self.connection.input_waiting():
+        """After each read (holding the read turn), and before the reader's next one (for what
+        the compute thread read ahead): if nothing more is waiting (within the policy's settle
+        time, ``FlushPolicy.settle``), the input has paused, and what was read is all there is
+        for now: the open micro-batch is due at once. One poll a read, none once paused.
+        ``wake``: the reader tells the compute thread; the compute thread, reading ahead, looks
+        only at what is waiting now, and leaves a settle wait to the reader."""
+        with self._work.cond:
+            if self.flush_policy.paused or self.session.open_micro_batch() is None:
+                return
+            settle = self.flush_policy.settle(time.monotonic())
+        if (settle and not wake) or self.connection.input_waiting(settle):
             return
         with self._work.cond:
             self.flush_policy.input_paused()

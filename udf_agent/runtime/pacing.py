@@ -8,13 +8,15 @@ trickle the reader never pauses, so latency at low rates is what it was: a point
 make two reads back to back, so it takes three in a row, each within ``flowing_gap`` of the one
 before, to count as flowing; and a pause that gathered only a few points ends the flow (a burst
 in a trickle, or a rate too low for a pause to be worth it). Nor is a burst paused: Kapacitor
-forwards a writer's flush back to back (1,000 points in ~10 ms), and a pause in the middle of
-one only makes its rest wait. Reads must have come back to back for ``sustained`` before the
-reader pauses: a flow that lasts is a stream, where the pause saves CPU. The pause bounds what
-is added at high rates.
+forwards a writer's flush back to back (1,000 points in ~8 ms), and a pause in the middle of
+one only makes its rest wait. The reader pauses only in a stream (``StreamWatch``): input that
+has come fast for ``SUSTAINED``, where the pause saves CPU. The pause bounds what is added at
+high rates.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 # A pause of a millisecond: at 100 k points/s about 100 points gather meanwhile, and a
 # keepalive answer waits at most this much longer.
@@ -23,9 +25,13 @@ PAUSE = 0.001
 FLOWING_GAP = 0.0005
 # Back-to-back reads in a row that make a flow (a point's two writes are two of them).
 FLOWING_READS = 3
-# How long reads must have come back to back before the reader pauses: longer than a burst of
-# a thousand points takes to arrive.
-SUSTAINED = 0.01
+# A stream: input that has come at STREAM_RATE bytes/s or more (~10 k of Kapacitor's points a
+# second; a trickle of 1 k points/s is a tenth of it), over each STREAM_WINDOW, for SUSTAINED:
+# longer than a burst of a couple of thousand points takes to arrive. The window is longer than
+# any spell the readers hold off for (a 5 ms window lost streams between them).
+STREAM_RATE = 1_000_000
+STREAM_WINDOW = 0.05
+SUSTAINED = 0.02
 # A read this big already carried many points: no pause after it.
 SMALL_READ = 16 * 1024
 # A pause worth its wait gathers at least this much (a few points). A read after a pause that
@@ -38,6 +44,34 @@ FLOWING_AFTER_PAUSE = 1024
 COMPUTE_GATHER = 0.005
 
 
+class StreamWatch:
+    """Sans-IO: told each read's size and time, says whether the input is a stream: it has come
+    at ``STREAM_RATE`` or more, over every ``STREAM_WINDOW``, for ``sustained``. A burst or a
+    trickle never is. Measured by what reads bring, not by when they are made: what a read
+    brings after the reader held off (pacing, backpressure, a micro-batch computing) came while
+    it held off."""
+
+    def __init__(self, sustained: float = SUSTAINED):
+        self._sustained = sustained
+        self._window: deque[tuple[float, int]] = deque()  # the reads of the last STREAM_WINDOW
+        self._bytes = 0  # ... and what they brought
+        self._fast_since: float | None = None
+
+    def read(self, size: int, now: float) -> None:
+        window = self._window
+        window.append((now, size))
+        self._bytes += size
+        while window[0][0] <= now - STREAM_WINDOW:
+            self._bytes -= window.popleft()[1]
+        if self._bytes < STREAM_RATE * STREAM_WINDOW:
+            self._fast_since = None
+        elif self._fast_since is None:
+            self._fast_since = now
+
+    def streaming(self, now: float) -> bool:
+        return self._fast_since is not None and now - self._fast_since >= self._sustained
+
+
 class ReadPacer:
     """Sans-IO: told each read's size and time, says how long to pause before the next."""
 
@@ -45,10 +79,9 @@ class ReadPacer:
         self._pause = pause
         self._flowing_gap = flowing_gap
         self._small_read = small_read
-        self._sustained = sustained
+        self._stream = StreamWatch(sustained)
         self._ready_at = float("-inf")
         self._in_a_row = 0
-        self._flow_began = float("-inf")  # the first read of the back-to-back ones
         self._paused = False
 
     def after_read(self, size: int, now: float) -> float:
@@ -57,9 +90,8 @@ class ReadPacer:
             self._in_a_row = 1  # the pause gathered a trickle's few points
         else:
             self._in_a_row = self._in_a_row + 1 if now - self._ready_at < self._flowing_gap else 1
-        if self._in_a_row == 1:
-            self._flow_began = now
-        flowing = self._in_a_row >= FLOWING_READS and now - self._flow_began >= self._sustained
+        self._stream.read(size, now)
+        flowing = self._in_a_row >= FLOWING_READS and self._stream.streaming(now)
         pause = self._pause if flowing and size < self._small_read else 0.0
         # From the end of the pause: a reader that paused is flowing if the next read
         # returns at once with what gathered meanwhile, not because of the time it paused.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import select
 import socket
@@ -115,8 +116,8 @@ class FdConnection:
         except OSError:  # BlockingIOError: nothing yet
             return None
 
-    def input_waiting(self) -> bool:
-        return bool(self._poller.poll(0))  # an abort counts: the next read returns at once
+    def input_waiting(self, within: float = 0.0) -> bool:
+        return bool(self._poller.poll(math.ceil(within * 1000)))  # an abort counts: the next read returns at once
 
     def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
@@ -176,8 +177,8 @@ class SocketConnection:
         except OSError:
             return None
 
-    def input_waiting(self) -> bool:
-        return bool(self._input_poller.poll(0))
+    def input_waiting(self, within: float = 0.0) -> bool:
+        return bool(self._input_poller.poll(math.ceil(within * 1000)))
 
     def limit_unread_input(self, size: int) -> None:
         # A unix stream socket queues what the peer sends against the peer's send buffer,

@@ -48,8 +48,9 @@ def checkpoint_message(input_bytes: int, init_frame: bytes, snapshot: bytes) -> 
     """A checkpoint as it goes to the relay, in its place among the output chunks: the task's
     state (``snapshot``, the agent's own) as of ``input_bytes`` of its input, every output
     for that input written before it, and the Init that starts the task afresh."""
-    payload = LENGTH.pack(input_bytes) + LENGTH.pack(len(init_frame)) + init_frame + snapshot
-    return LinkMessage(message(CHECKPOINT, payload))
+    size = 2 * LENGTH.size + len(init_frame) + len(snapshot)
+    # Joined once: the snapshot is tens of MB for many groups, and each copy is the server's peak.
+    return LinkMessage(b"".join((HEADER.pack(CHECKPOINT, size), LENGTH.pack(input_bytes), LENGTH.pack(len(init_frame)), init_frame, snapshot)))
 
 
 class Checkpoint(NamedTuple):
@@ -135,7 +136,9 @@ class RelayedConnection(SocketConnection):
         the last write; a link message (a checkpoint) as it is."""
         queued = self._take_log_messages()
         if isinstance(data, LinkMessage):
-            super().write(queued + data, deadline)
+            if queued:  # apart: a checkpoint is large, and a joined copy of it only a peak
+                super().write(queued, deadline)
+            super().write(data, deadline)
             return
         if data:
             # Compiled once the server's scanner has loaded (the relay, which never writes here, never loads it).
