@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class AgentCommand:
     argv: list[str]
     cwd: str | None = None
     env: dict[str, str] | None = None
+    # Other processes whose whole trees are the agent's too (a shared server: its JVM and workers).
+    also: Callable[[], list[int]] | None = None
 
 
 @dataclass
@@ -79,11 +82,15 @@ def percentile(ordered: list[float], q: float) -> float:
 
 @dataclass
 class MemoryPeaks:
-    """Peak RSS in MB: the agent process, its JVM children, every other descendant (Spark's Python workers)."""
+    """Peak RSS in MB: the agent process, its JVM children, every other descendant (Spark's
+    Python workers), the processes ``AgentCommand.also`` names (a shared server), each kind's
+    peak apart; and the peak of the whole tree at one sampling (the kinds' peaks need not meet)."""
 
     agent_mb: float = 0.0
     jvm_mb: float = 0.0
     workers_mb: float = 0.0
+    server_mb: float = 0.0
+    tree_mb: float = 0.0
     samples: int = 0
 
 
@@ -320,18 +327,24 @@ class AgentProcess:
 
     def _sample_memory(self) -> None:
         pid = self.process.pid
+        also = self.command.also or (lambda: [])
         while not self._stop_sampling.is_set():
             agent = _rss_mb(pid)
+            others = also()
+            server = sum(_rss_mb(root) for root in others)
             jvm = workers = 0.0
-            for child in descendants(pid):
-                if process_name(child) == "java":
-                    jvm += _rss_mb(child)
-                else:
-                    workers += _rss_mb(child)
+            for root in (pid, *others):
+                for child in descendants(root):
+                    if process_name(child) == "java":
+                        jvm += _rss_mb(child)
+                    else:
+                        workers += _rss_mb(child)
             peaks = self.memory
             peaks.agent_mb = max(peaks.agent_mb, agent)
             peaks.jvm_mb = max(peaks.jvm_mb, jvm)
             peaks.workers_mb = max(peaks.workers_mb, workers)
+            peaks.server_mb = max(peaks.server_mb, server)
+            peaks.tree_mb = max(peaks.tree_mb, agent + server + jvm + workers)
             peaks.samples += 1
             self._stop_sampling.wait(MEMORY_INTERVAL)
 

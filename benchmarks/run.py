@@ -33,6 +33,7 @@ from benchmarks.driver import AgentCommand, LatencyStats, RunResult, run_flat_ou
 from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
 from benchmarks.shared_deployment import shared_directory, shared_env, warm_shared_server  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
+from udf_agent.serve.shared import shared_server_pids  # noqa: E402
 
 DEFAULT_JSON = os.path.join(REPO, "benchmarks", "results", "latest.json")
 # The latency case's goals by UDF and burst size: (p50, p99) in ms.
@@ -586,6 +587,37 @@ class Bench:
                 "MB",
                 goal=value_at_most(400, "MB") if s.state_groups >= 500_000 else None,
                 note="peaks summed per process (agent, JVM, workers)",
+            )
+        )
+        self._group_state_default(record, options)
+
+    def _group_state_default(self, record: dict[str, Any], options: list[tuple[str, object]]) -> None:
+        """The same churn on the default deployment, where the relay keeps the input since the
+        last checkpoint and the last checkpoint (failover): the whole footprint's peak (relay,
+        shared server, its JVM and workers, sampled together), against the same points over few
+        groups on the same warm server."""
+        s = self.settings
+        with shared_directory("bench-shared-") as shared_dir:
+            self.say("udf-agent moving_avg (shared): warming the shared server")
+            warm_shared_server("moving_avg", shared_dir, init_frame(options))
+            command = dataclasses.replace(shared("moving_avg", shared_dir), also=lambda: shared_server_pids(shared_dir))
+            peaks: dict[int, float | None] = {}
+            for groups in (s.groups, s.state_groups):
+                mine = self.flat_out(command, options, Workload(2 * s.state_groups, groups), reuse=False)
+                self._keep(record, f"ours default deployment {groups} groups", mine)
+                m = mine.memory
+                peaks[groups] = m.tree_mb if mine.ok else None
+                note = _describe_failure("ours", mine) or f"peaks apart: relay {m.agent_mb:.0f}, server {m.server_mb:.0f}, JVM {m.jvm_mb:.0f}, workers {m.workers_mb:.0f} MB"
+                self.rows.append(make_row("group_state", f"whole footprint's RSS peak, default deployment, {groups:,} groups x 2", peaks[groups], "MB", note=note))
+        few, many = peaks[s.groups], peaks[s.state_groups]
+        self.rows.append(
+            make_row(
+                "group_state",
+                f"added by {s.state_groups:,} groups' state, default deployment (relay + shared server)",
+                None if few is None or many is None else many - few,
+                "MB",
+                goal=value_at_most(350, "MB") if s.state_groups >= 500_000 else None,
+                note="the whole tree's peak at one sampling, every 0.1 s",
             )
         )
 

@@ -162,6 +162,27 @@ def test_a_task_whose_server_died_and_none_can_be_joined_fails_saying_why(driver
     assert driver.responses.kinds()[-1] == "error"  # the last frame, whole
 
 
+@pytest.mark.parametrize("deployment", ["default", "own process"])
+def test_a_burst_then_silence_is_answered_at_once_on_either_deployment(drivers, shared_dir, deployment):
+    # Kapacitor forwards a writer's flush back to back (two writes a point), then nothing. With
+    # --gather 5s, a micro-batch that arrived fast used to gather for 5 s, waiting for input that
+    # never came; it is computed as soon as the input pauses, whatever --gather says.
+    env = shared_env(shared_dir) if deployment == "default" else {"UDF_AGENT_OWN_SPARK": "1"}
+    driver = drivers("run", RELAYED, "--gather", "5s", "--flush-interval", "30s", env=env, cwd=ROOT)
+    assert driver.init(timeout=60).success, driver.log()
+    assert echo(driver, 0).time == 0  # the path is up
+    burst = 300
+    for t in range(1, burst + 1):
+        frame = encode_frame(udf_pb2.Request(point=grouped_point(t, f"g{t % 7}", float(t))))
+        driver.send_raw(frame[:1])  # its length (one byte here), then its body: as Kapacitor writes
+        driver.send_raw(frame[1:])
+    written = time.monotonic()
+    driver.responses.wait_for("point", 1 + burst, timeout=30)
+    # Not timed tightly: a loaded machine still answers in far less than the 5 s gather.
+    assert time.monotonic() - written < 1.0, driver.log()[-2000:]
+    assert driver.close(timeout=30) == 0
+
+
 # A relay whose join waits until the file named by argv[1] exists, then finds no server.
 SLOW_JOIN = """
 import os, sys, time

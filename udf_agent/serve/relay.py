@@ -45,8 +45,10 @@ SERVER_SEND_BUFFER = 32 * 1024
 # PAUSE, 1 ms): twice the points a read and half the wake-ups, here and in the server's
 # reader that takes what the relay sends; a keepalive waits at most 1 ms longer.
 RELAY_READ_PAUSE = 0.002
-# Input kept since the last checkpoint before reading waits for the next one.
-MAX_KEPT_INPUT = 256 * 1024 * 1024
+# Input kept since the last checkpoint before reading waits for the next one: four times what
+# makes a checkpoint due (``checkpoints.CHECKPOINT_INPUT_BYTES``), so that only a checkpoint
+# slow to come holds the input, and the relay's footprint stays bounded whatever the stream.
+MAX_KEPT_INPUT = 64 * 1024 * 1024
 # Carry-overs of one task before a dying server fails it as it did before carry-overs.
 MAX_CARRY_OVERS = 5
 # The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
