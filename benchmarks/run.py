@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.driver import AgentCommand, LatencyStats, RunResult, run_flat_out, run_paced  # noqa: E402
+from benchmarks.driver import AgentCommand, LatencyStats, MemoryPeaks, RunResult, run_flat_out, run_paced  # noqa: E402
 from benchmarks.limits import framing_pps, parse_pps  # noqa: E402
 from benchmarks.shared_deployment import shared_directory, shared_env, warm_shared_server  # noqa: E402
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, init_frame  # noqa: E402
@@ -566,58 +566,42 @@ class Bench:
     def case_group_state(self, record: dict[str, Any]) -> None:
         """What kept group state costs: moving_avg size 3 (two kept points per group) over
         ``state_groups`` groups x 2 points (each group's history full, and never used again:
-        churn), against the same points over 100 groups."""
-        s = self.settings
+        churn), against the same points over 100 groups; on a task's own Spark, then on the
+        default deployment, where the relay also keeps the input since the last checkpoint and
+        the last checkpoint (failover)."""
         options = [("field", "usage_user"), ("size", 3), ("as", "avg")]
-        trees: dict[int, float | None] = {}
-        for groups in (s.groups, s.state_groups):
-            workload = Workload(2 * s.state_groups, groups)
-            mine = self.flat_out(ours("moving_avg", s), options, workload, reuse=False, warm=True)
-            self._keep(record, f"ours {groups} groups", mine)
-            m = mine.memory
-            trees[groups] = m.agent_mb + m.jvm_mb + m.workers_mb if mine.ok else None
-            note = _describe_failure("ours", mine) or f"agent {m.agent_mb:.0f} + JVM {m.jvm_mb:.0f} + workers {m.workers_mb:.0f} MB"
-            self.rows.append(make_row("group_state", f"process tree RSS peak, {groups:,} groups x 2", trees[groups], "MB", note=note))
-        few, many = trees[s.groups], trees[s.state_groups]
-        self.rows.append(
-            make_row(
-                "group_state",
-                f"added by {s.state_groups:,} groups' state",
-                None if few is None or many is None else many - few,
-                "MB",
-                goal=value_at_most(400, "MB") if s.state_groups >= 500_000 else None,
-                note="peaks summed per process (agent, JVM, workers)",
-            )
-        )
-        self._group_state_default(record, options)
-
-    def _group_state_default(self, record: dict[str, Any], options: list[tuple[str, object]]) -> None:
-        """The same churn on the default deployment, where the relay keeps the input since the
-        last checkpoint and the last checkpoint (failover): the whole footprint's peak (relay,
-        shared server, its JVM and workers, sampled together), against the same points over few
-        groups on the same warm server."""
-        s = self.settings
+        per_process = "peaks summed per process (agent, JVM, workers)"
+        self._churn(record, ours("moving_avg", self.settings), options, "own Spark", 400, lambda m: m.agent_mb + m.jvm_mb + m.workers_mb, per_process)
         with shared_directory("bench-shared-") as shared_dir:
             self.say("udf-agent moving_avg (shared): warming the shared server")
             warm_shared_server("moving_avg", shared_dir, init_frame(options))
             command = dataclasses.replace(shared("moving_avg", shared_dir), also=lambda: shared_server_pids(shared_dir))
-            peaks: dict[int, float | None] = {}
-            for groups in (s.groups, s.state_groups):
-                mine = self.flat_out(command, options, Workload(2 * s.state_groups, groups), reuse=False)
-                self._keep(record, f"ours default deployment {groups} groups", mine)
-                m = mine.memory
-                peaks[groups] = m.tree_mb if mine.ok else None
-                note = _describe_failure("ours", mine) or f"peaks apart: relay {m.agent_mb:.0f}, server {m.server_mb:.0f}, JVM {m.jvm_mb:.0f}, workers {m.workers_mb:.0f} MB"
-                self.rows.append(make_row("group_state", f"whole footprint's RSS peak, default deployment, {groups:,} groups x 2", peaks[groups], "MB", note=note))
+            together = "the whole tree's peak at one sampling (relay, server, JVM, workers), every 0.1 s"
+            self._churn(record, command, options, "default deployment (relay + shared server)", 350, lambda m: m.tree_mb, together)
+
+    def _churn(
+        self, record: dict[str, Any], command: AgentCommand, options: list[tuple[str, object]], deployment: str, goal_mb: float, peak: Callable[[MemoryPeaks], float], how: str
+    ) -> None:
+        """The footprint's peak over few groups, then over ``state_groups`` churned, and what the
+        groups added (once Spark is up: a warm server, or the task's own)."""
+        s = self.settings
+        peaks: dict[int, float | None] = {}
+        for groups in (s.groups, s.state_groups):
+            mine = self.flat_out(command, options, Workload(2 * s.state_groups, groups), reuse=False, warm=command.env is None)
+            self._keep(record, f"ours {deployment} {groups} groups", mine)
+            m = mine.memory
+            peaks[groups] = peak(m) if mine.ok else None
+            apart = f"peaks apart: agent or relay {m.agent_mb:.0f}, shared server {m.server_mb:.0f}, JVM {m.jvm_mb:.0f}, workers {m.workers_mb:.0f} MB"
+            self.rows.append(make_row("group_state", f"RSS peak, {deployment}, {groups:,} groups x 2", peaks[groups], "MB", note=_describe_failure("ours", mine) or apart))
         few, many = peaks[s.groups], peaks[s.state_groups]
         self.rows.append(
             make_row(
                 "group_state",
-                f"added by {s.state_groups:,} groups' state, default deployment (relay + shared server)",
+                f"added by {s.state_groups:,} groups' state, {deployment}",
                 None if few is None or many is None else many - few,
                 "MB",
-                goal=value_at_most(350, "MB") if s.state_groups >= 500_000 else None,
-                note="the whole tree's peak at one sampling, every 0.1 s",
+                goal=value_at_most(goal_mb, "MB") if s.state_groups >= 500_000 else None,
+                note=how,
             )
         )
 

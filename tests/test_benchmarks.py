@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.driver import run_paced
 from benchmarks.framing import encode_varint, point_time, split_frames
-from benchmarks.run import PASSTHROUGH, Settings, _median_latency_run, baseline, format_table, ours, run_benchmarks
+from benchmarks.run import PASSTHROUGH, Settings, _median_latency_run, arrival_label, baseline, format_table, ours, run_benchmarks
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame
 from udf_agent import udf_pb2
 
@@ -73,14 +73,21 @@ def test_runner_counts_every_point_and_writes_the_report():
     assert format_table([]).startswith("case")
 
 
+@pytest.mark.parametrize("burst", [1, 100], ids=["a point at a time", "bursts of 100"])
 @pytest.mark.parametrize("command", [ours("mirror", TINY), baseline("echo")], ids=lambda c: c.label)
-def test_paced_run_matches_every_output_to_its_input(command):
+def test_paced_run_matches_every_output_to_its_input(command, burst):
     workload = Workload(1 + 100 + 400, 20)
-    result = run_paced(command, init_frame([]), workload, rate=500, seconds=0.8, warmup_seconds=0.2, time_limit=30)
+    result = run_paced(command, init_frame([]), workload, rate=500, seconds=0.8, warmup_seconds=0.2, time_limit=30, burst=burst)
     assert result.status == "ok", (result.error, result.stderr_tail)
     assert result.points_out == workload.points
     assert result.latency is not None and result.latency.count == 400 and result.latency.unanswered == 0
     assert 0 < result.latency.p50_ms <= result.latency.p99_ms <= result.latency.max_ms
+
+
+def test_arrival_patterns_are_named_by_their_bursts():
+    assert arrival_label(1, 1_000) == "a point every 1 ms"
+    assert arrival_label(100, 1_000) == "100 points every 100 ms"
+    assert arrival_label(10_000, 1_000) == "10,000 points every 10 s"
 
 
 def test_repeated_paced_runs_report_the_median_p50_run_and_every_runs_figures():
