@@ -125,6 +125,15 @@ def test_a_paced_stream_is_no_pause_and_its_end_is_seen_a_settle_time_late():
     assert max(timeline.waits[-100:]) <= SETTLE + 0.002 + 2e-3
 
 
+def test_a_long_burst_is_computed_in_growing_pieces_as_it_arrives():
+    # 10,000 points in ~80 ms: a stream for all the reader can tell, yet a burst. Gathered for
+    # ``gather`` its first points would wait past its end; no point waits much longer than the
+    # stream had lasted when its micro-batch opened, and the end a settle time.
+    timeline = play(burst_writes(10_000, 10.0, bursts=1), FlushPolicy(**POLICY))
+    assert len(timeline.batches) >= 3
+    assert timeline.worst < 10_000 * POINT_GAP / 2 + SETTLE + 5e-3
+
+
 def test_a_trickle_never_waits_for_a_settle():
     # 1 k points/s for a second: gaps shorter than SETTLE, yet no stream.
     assert play(steady_writes(1_000, 1.0), FlushPolicy(**POLICY)).worst < 1e-4
@@ -162,21 +171,26 @@ def test_the_flush_interval_bounds_every_wait_and_a_fixed_flush_waits_for_it():
 
 def test_a_pause_holds_until_input_comes_again_and_a_flow_that_lasts_settles_before_a_pause():
     policy = FlushPolicy(flush_interval=0.5, gather=0.1)
-    policy.input_came(10.0, 12_000)  # more may be waiting: gather
-    assert policy.due(10.0, 10.001) == pytest.approx(10.1)
+    policy.input_came(10.0, 12_000)  # more may be waiting: gather (young input: SUSTAINED at most)
+    assert policy.due(10.0, 10.001) == pytest.approx(10.0 + SUSTAINED)
     assert policy.settle(10.001) == 0.0  # a young flow: nothing waiting is a pause
     policy.input_paused()
     assert policy.due(10.0, 10.001) == 10.001  # at once
     policy.input_came(10.002, 12_000)  # more: it gathers again until the reader finds none waiting
-    assert policy.due(10.0, 10.002) == pytest.approx(10.1)
-    for step in range(1, 41):  # the same flow, lasting at 6 MB/s: a stream
+    assert policy.due(10.0, 10.002) == pytest.approx(10.0 + SUSTAINED)
+    for step in range(1, 201):  # the same flow, lasting at 6 MB/s: a stream
         policy.input_came(10.002 + step * SUSTAINED / 20, 6_000)
-    assert policy.settle(10.003 + 2 * SUSTAINED) == SETTLE
+    assert policy.settle(10.003 + 10 * SUSTAINED) == SETTLE
+    # A micro-batch of a young stream gathers as long as the stream had lasted when it opened
+    # (a long burst goes in growing pieces); of a stream that has lasted, ``gather``.
+    opened = 10.035
+    assert opened + SUSTAINED < policy.due(opened, opened + 0.001) < opened + 0.1
+    assert policy.due(10.19, 10.191) == pytest.approx(10.19 + 0.1)
     policy.input_paused()
     policy.input_came(11.0, 120)  # after a gap, a new flow
     assert policy.settle(11.0) == 0.0
     # The flush interval bounds the gathering; without the adaptive flush it is the only bound.
-    assert FlushPolicy(flush_interval=0.05, gather=0.1).due(10.0, 10.001) == pytest.approx(10.05)
+    assert FlushPolicy(flush_interval=0.01, gather=0.1).due(10.0, 10.001) == pytest.approx(10.01)
     fixed = FlushPolicy(flush_interval=0.5, adaptive=False)
     fixed.input_paused()
     assert fixed.due(10.0, 10.001) == pytest.approx(10.5)

@@ -21,7 +21,7 @@ any reader's pacing pause: the stream keeps gathering, and its end is seen ``SET
 
 from __future__ import annotations
 
-from udf_agent.runtime.pacing import StreamWatch
+from udf_agent.runtime.pacing import SUSTAINED, StreamWatch
 
 # What a micro-batch costs is mostly per group in it: under Kapacitor's feed of 1,000 series,
 # gathering 50 ms took 8 us of CPU a point and 150 ms 5 us (the official agent: 14).
@@ -69,4 +69,8 @@ class FlushPolicy:
             return latest
         if self.paused:
             return min(latest, now)
-        return min(latest, opened_at + self.gather)
+        # A young stream may be a long burst (10,000 points take ~90 ms to arrive): a
+        # micro-batch gathers no longer than the input had come fast when it opened, so the
+        # burst is computed in growing pieces as it arrives, not all after its end; a flood
+        # soon gathers for ``gather``.
+        return min(latest, opened_at + min(self.gather, max(SUSTAINED, self._stream.lasted(opened_at))))

@@ -71,6 +71,10 @@ class StreamWatch:
     def streaming(self, now: float) -> bool:
         return self._fast_since is not None and now - self._fast_since >= self._sustained
 
+    def lasted(self, at: float) -> float:
+        """How long the input had been coming fast at ``at`` (0 if it was not)."""
+        return 0.0 if self._fast_since is None else max(0.0, at - self._fast_since)
+
 
 class ReadPacer:
     """Sans-IO: told each read's size and time, says how long to pause before the next."""
