@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # writing, neither reading) until the batch timeout.
 CHAINED_SLICE_BYTES = 32 * 1024
 
+
 class EngineStartError(RuntimeError):
     """The engine cannot start (Spark unreachable, no Java): the message says why and what to
     do, and a traceback would add nothing to it."""

@@ -12,11 +12,13 @@ always waiting, and a compute thread that took what was read each time it was fr
 worker round trip for a handful of points. ``flush_interval`` bounds every wait; without the
 adaptive flush a micro-batch waits for it (bigger micro-batches, by the user's choice).
 
-Input that has come fast for a while is a stream, not a burst (a thousand points arrive in less)
-nor a trickle (``pacing.StreamWatch``), and readers pace a stream: the relay in front of a shared server reads Kapacitor's
-pipe every 2 ms, so the server's reader finds nothing waiting between two of its sends. In a
-stream nothing waiting counts as a pause only once nothing has come for ``SETTLE``, longer than
-any reader's pacing pause: the stream keeps gathering, and its end is seen ``SETTLE`` late.
+Input that has come fast for a while is a stream, not a burst (a thousand points arrive in
+less) nor a trickle (``pacing.StreamWatch``), and readers pace a stream: the relay in front of
+a shared server reads Kapacitor's pipe every 2 ms, so the server's reader finds nothing waiting
+between two of its sends. In a stream nothing waiting counts as a pause only once nothing has
+come for ``SETTLE``, longer than any reader's pacing pause: the stream keeps gathering, and its
+end is seen ``SETTLE`` late. A young stream gathers no longer than it has lasted (a long burst
+goes in growing pieces).
 """
 
 from __future__ import annotations

@@ -48,9 +48,7 @@ def checkpoint_message(input_bytes: int, init_frame: bytes, snapshot: bytes) -> 
     """A checkpoint as it goes to the relay, in its place among the output chunks: the task's
     state (``snapshot``, the agent's own) as of ``input_bytes`` of its input, every output
     for that input written before it, and the Init that starts the task afresh."""
-    size = 2 * LENGTH.size + len(init_frame) + len(snapshot)
-    # Joined once: the snapshot is tens of MB for many groups, and each copy is the server's peak.
-    return LinkMessage(b"".join((HEADER.pack(CHECKPOINT, size), LENGTH.pack(input_bytes), LENGTH.pack(len(init_frame)), init_frame, snapshot)))
+    return LinkMessage(message(CHECKPOINT, LENGTH.pack(input_bytes), LENGTH.pack(len(init_frame)), init_frame, snapshot))
 
 
 class Checkpoint(NamedTuple):
@@ -71,7 +69,7 @@ class Checkpoint(NamedTuple):
 def output_message(frames: bytes, counted: int) -> bytes:
     """Whole ``frames`` as they go to the relay: behind their length and ``counted``, how many
     of them are not keepalive replies (what a carry-over counts)."""
-    return b"".join((HEADER.pack(OUTPUT, LENGTH.size + len(frames)), LENGTH.pack(counted), frames))
+    return message(OUTPUT, LENGTH.pack(counted), frames)
 
 
 def log_message(record: bytes) -> bytes:
