@@ -180,6 +180,11 @@ def test_a_burst_then_silence_is_answered_at_once_on_either_deployment(drivers, 
     driver.responses.wait_for("point", 1 + burst, timeout=30)
     # Not timed tightly: a loaded machine still answers in far less than the 5 s gather.
     assert time.monotonic() - written < 1.0, driver.log()[-2000:]
+    # The same burst in one write, read at once: answered at once too.
+    driver.send_raw(b"".join(encode_frame(udf_pb2.Request(point=grouped_point(t, f"g{t % 7}", float(t)))) for t in range(burst + 1, 2 * burst + 1)))
+    written = time.monotonic()
+    driver.responses.wait_for("point", 1 + 2 * burst, timeout=30)
+    assert time.monotonic() - written < 1.0, driver.log()[-2000:]
     assert driver.close(timeout=30) == 0
 
 
