@@ -4,6 +4,7 @@ Spark, ``serve`` sharing one Spark, Spark Connect, a standalone cluster),
 and how a compute-heavy batch UDF scales from 1 to 2 executors on a local standalone cluster.
 
     .venv/bin/python benchmarks/deployment.py [--json PATH]
+    .venv/bin/python benchmarks/deployment.py --only-first-answer 7   # a task's first answers
 
 Starts every server it needs from the installed pyspark and stops them on the way out.
 Prints a table; the figures are for the machine it runs on (see docs/deployment.md).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +37,8 @@ SECOND = 1_000_000_000
 T0 = 1_700_000_000 * SECOND
 POINTS = 2_000  # per task: a few micro-batches of moving_avg over 20 groups
 READY_LOG = "compute engine ready"
+# From process start to the first KeepaliveResponse, on a host with no shared server yet.
+FIRST_KEEPALIVE_GOAL_MS = 100
 
 
 def tree_mb(pid: int) -> float:
@@ -160,6 +164,53 @@ def shared_tasks(work: Path, tasks: int, idle_seconds: float) -> dict[str, Any]:
             driver.kill()
         for pid in shared_server_pids(str(work)):
             os.killpg(pid, 9)
+
+
+def first_answers(work: Path, repeats: int, command: str) -> dict[str, Any]:
+    """On a fresh host (a private shared directory, no server in it), ms from a task's process
+    start (``command run moving_avg``, as Kapacitor starts it) to its first KeepaliveResponse
+    and to its InfoResponse, both asked at once as Kapacitor asks at its start; then the same
+    for a task started with the same command line while that server is up (a remembered
+    launch). REPEATS fresh hosts, medians. An editable install (``pip install -e``) starts
+    Python ~20 ms later than a regular one: its import hook loads first."""
+    fresh_keepalive, fresh_info, again_keepalive, again_info = [], [], [], []
+    for n in range(repeats):
+        directory = work / f"fresh-{n}"
+        directory.mkdir(mode=0o700)
+        env = {"UDF_AGENT_SHARED_DIR": str(directory), "UDF_AGENT_OWN_SPARK": "0"}
+        try:
+            for keepalives, infos in ((fresh_keepalive, fresh_info), (again_keepalive, again_info)):
+                driver = KapacitorDriver.command([command, "run", "moving_avg"], env=env, cwd=REPO)
+                try:
+                    driver.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+                    driver.keepalive(1)
+                    driver.responses.wait_for("keepalive", 1, timeout=60)
+                    keepalives.append(round((driver.responses.keepalive_seen[1] - driver.started) * 1000))
+                    driver.responses.wait_for("info", 1, timeout=60)
+                    infos.append(round((time.monotonic() - driver.started) * 1000))
+                finally:
+                    driver.kill()
+        finally:
+            for pid in shared_server_pids(str(directory)):
+                for member in [pid, *descendants(pid)]:
+                    try:
+                        os.kill(member, 9)
+                    except ProcessLookupError:
+                        pass
+
+    return {
+        "repeats": repeats,
+        "fresh_host_keepalive_ms": fresh_keepalive,
+        "fresh_host_info_ms": fresh_info,
+        "remembered_launch_keepalive_ms": again_keepalive,
+        "remembered_launch_info_ms": again_info,
+        "fresh_host_keepalive_ms_median": statistics.median(fresh_keepalive),
+        "fresh_host_info_ms_median": statistics.median(fresh_info),
+        "remembered_launch_keepalive_ms_median": statistics.median(again_keepalive),
+        "remembered_launch_info_ms_median": statistics.median(again_info),
+        "goal_fresh_host_keepalive_ms": FIRST_KEEPALIVE_GOAL_MS,
+        "command": command,
+    }
 
 
 def keep_alive(drivers: list[KapacitorDriver], done: Any, limit: float, sample: Any = None) -> float | None:
@@ -296,19 +347,23 @@ def main() -> int:
     parser.add_argument("--scaling-resamples", type=int, default=400, help="least-squares fits per batch: the work per batch")
     parser.add_argument("--only-scaling", action="store_true", help="skip the deployment figures")
     parser.add_argument("--only-shared", action="store_true", help="only the shared Spark per host (the default deployment)")
+    parser.add_argument("--only-first-answer", type=int, metavar="REPEATS", help="only the first KeepaliveResponse and Info after process start, on REPEATS fresh hosts and again with the server up")
     parser.add_argument("--tasks", type=int, default=10, help="concurrent tasks on the shared Spark")
     parser.add_argument("--idle-seconds", type=float, default=60, help="how long the idle tasks' CPU is measured")
+    parser.add_argument("--command", default=os.path.join(os.path.dirname(sys.executable), "udf-agent"), help="the udf-agent command --only-first-answer starts (default: this Python's)")
     args = parser.parse_args()
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "load_average_start": os.getloadavg()}}
     with tempfile.TemporaryDirectory(prefix="udf-deploy") as tmp:
         work = Path(tmp)
-        if args.only_scaling:
+        if args.only_first_answer:
+            report["first_answer"] = first_answers(work, args.only_first_answer, args.command)
+        elif args.only_scaling:
             report["scaling"] = scaling(work, args.scaling_batches, args.scaling_points, args.scaling_resamples)
         else:
             print(f"shared Spark per host, {args.tasks} tasks ...", file=sys.stderr)
             (work / "shared").mkdir(mode=0o700)
             report["shared"] = shared_tasks(work / "shared", args.tasks, args.idle_seconds)
-        if not (args.only_scaling or args.only_shared):
+        if not (args.only_scaling or args.only_shared or args.only_first_answer):
             everything_else(work, report, args)
     report["machine"]["load_average_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.json), exist_ok=True)

@@ -326,3 +326,40 @@ def test_kapacitor_conf_of_a_function_target_shows_pythonpath_and_allow_module(r
     assert '[udf.functions.pyFn.env]\n    PYTHONPATH = "/path/to/your/functions"' in shown.output
     serve_line = next(line for line in shown.output.splitlines() if "serve --socket" in line)
     assert serve_line.startswith("#   PYTHONPATH=/path/to/your/functions ") and serve_line.endswith(f"/pyFn.sock {target}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "sure"),
+    [
+        (["run", "moving_avg"], {}, True),
+        (["run", "--flush-interval", "10ms", "moving_avg", "--log-level", "debug"], {}, True),
+        (["run", "path/to/script.py", "--", "--window", "5"], {}, True),
+        (["run", "moving_avg"], {"UDF_AGENT_OWN_SPARK": "0"}, True),
+        (["run", "moving_avg"], {"UDF_AGENT_OWN_SPARK": " False "}, True),
+        (["run", "moving_avg"], {"UDF_AGENT_OWN_SPARK": ""}, True),
+        (["run", "moving_avg"], {"UDF_AGENT_OWN_SPARK": "1"}, False),
+        (["run", "moving_avg"], {"UDF_AGENT_OWN_SPARK": "yes"}, False),
+        (["run", "moving_avg", "--own-spark"], {}, False),
+        (["run", "mirror"], {}, False),
+        (["run", "--master", "spark://mirror:7077", "moving_avg"], {}, True),
+        (["run", "--master", "mirror", "moving_avg"], {}, False),  # a master named so: relayed once parsed
+        (["run", "moving_avg", "--help"], {}, False),
+        (["run", "-h"], {}, False),
+        (["run"], {}, False),
+        (["serve", "moving_avg"], {}, False),
+        ([], {}, False),
+    ],
+)
+def test_a_run_is_relayed_from_the_first_moment_only_when_its_command_line_cannot_say_otherwise(argv, environ, sure):
+    from udf_agent.cli.tasks import run
+    from udf_agent.serve.placement import SPARK_FREE_BUILTINS, relays_for_sure
+
+    assert relays_for_sure(argv, environ) is sure
+    if sure:  # click, parsing the same command line, sends it to the shared server too
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in environ.items():
+                patch.setenv(name, value)
+            if "UDF_AGENT_OWN_SPARK" not in environ:
+                patch.delenv("UDF_AGENT_OWN_SPARK", raising=False)
+            params = run.make_context("run", argv[1:]).params
+        assert not params["own_spark"] and params["target"] not in SPARK_FREE_BUILTINS

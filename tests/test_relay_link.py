@@ -296,7 +296,7 @@ def test_the_relay_lets_kapacitors_full_output_pipe_drain_before_writing_again(m
     pipe to drain a while instead, and still delivers every byte in order."""
     import types
 
-    from udf_agent.runtime.transports import PIPE_SIZE, size_pipe
+    from udf_agent.runtime.stdio import PIPE_SIZE, size_pipe
     from udf_agent.serve import relay_output as relay
 
     writes = 0

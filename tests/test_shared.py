@@ -31,7 +31,7 @@ from benchmarks.driver import descendants, java_descendants
 from benchmarks.neighbours import SPARK as NEIGHBOURS_SPARK
 from benchmarks.neighbours import RoundTrips
 from udf_agent import udf_pb2
-from udf_agent.runtime.transports import PIPE_SIZE
+from udf_agent.runtime.stdio import PIPE_SIZE
 from udf_agent.serve.shared import shared_server_pids
 from udf_agent.testing import KapacitorDriver, grouped_point, option
 from udf_agent.wire.frames import encode_frame
@@ -224,6 +224,44 @@ def test_a_relay_answers_keepalives_from_its_first_moment_while_it_joins_its_ser
         driver.kill()
 
 
+# ``udf-agent ARGV`` whose command-line machinery never finishes loading: only a relay
+# started before it (entry.py) can answer anything.
+STUCK_COMMAND_LINE = """
+import importlib.abc, importlib.machinery, sys, threading
+
+class Stuck(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name == "udf_agent.cli" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        threading.Event().wait()
+
+sys.meta_path.insert(0, Stuck())
+sys.argv = ["udf-agent", *sys.argv[1:]]
+from udf_agent.entry import main
+main()
+"""
+
+
+def test_a_relayed_run_answers_keepalives_before_its_command_line_is_parsed(shared_dir):
+    # Kapacitor's watchdog counts from the process's start: the relay's input is read from
+    # the interpreter's first moment, before click, protobuf and the UDF's options load.
+    driver = KapacitorDriver.command([sys.executable, "-c", STUCK_COMMAND_LINE, "run", RELAYED], env=shared_env(shared_dir), cwd=ROOT)
+    try:
+        driver.send(udf_pb2.Request(info=udf_pb2.InfoRequest()))
+        driver.keepalive(7)
+        driver.keepalive(-8)
+        answers = driver.responses.wait_for("keepalive", 2, timeout=60)
+        assert [answer.time for answer in answers] == [7, -8]
+        assert driver.process.poll() is None and driver.responses.kinds() == ["keepalive", "keepalive"]
+        assert not shared_server_pids(shared_dir)  # nothing was started: the command line is not parsed
+    finally:
+        driver.kill()
+
+
 def imported(driver: KapacitorDriver, module: str) -> bool:
     """Whether a process started with ``-X importtime`` imported ``module``."""
     return re.search(rf"^import time:.*\|\s+{re.escape(module)}$", driver.log(), re.MULTILINE) is not None
@@ -373,7 +411,7 @@ def test_mirror_which_never_starts_spark_runs_in_the_tasks_own_process(drivers, 
 
 def test_the_spark_free_built_ins_run_does_not_relay_are_those_declared_so():
     from udf_agent.library.builtins import BUILTINS
-    from udf_agent.serve.shared import SPARK_FREE_BUILTINS
+    from udf_agent.serve.placement import SPARK_FREE_BUILTINS
 
     assert SPARK_FREE_BUILTINS == {name for name, spec in BUILTINS.items() if not spec.compute}
 

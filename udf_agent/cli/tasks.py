@@ -50,13 +50,15 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
     arguments after --): it runs unmodified, its handler computed on Spark (docs/migrating.md)."""
     engine_options, agent_options = split_engine_options(options)
     from udf_agent.api import names_a_script
-    from udf_agent.serve.shared import SPARK_FREE_BUILTINS
+    from udf_agent.serve.placement import Invocation, relays
 
     if names_a_script(target):
         target = os.path.abspath(target)
     elif script_args:
         raise click.UsageError(f"arguments after TARGET ({' '.join(script_args)}) are for a Kapacitor Handler script (path/to/script.py) only")
-    if not own_spark and target not in SPARK_FREE_BUILTINS:
+    invocation = click.get_current_context().obj  # when entry.py parsed the command line
+    invocation = invocation if isinstance(invocation, Invocation) else None
+    if relays(target, own_spark):
         settings = {"master": master, "confs": [list(conf) for conf in confs], **engine_options}
         server_args = ["--log-format", log_format, *(["--metrics-address", metrics_address] if metrics_address else [])]
         from click.core import ParameterSource
@@ -67,8 +69,8 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
         # What the command line gave: a task that gave no --shared-idle-exit asks none of a server already up.
         idle_exit_given = click.get_current_context().get_parameter_source("shared_idle_exit") is not ParameterSource.DEFAULT
         asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
-        argv = click.get_current_context().obj  # the raw command line, when entry.py parsed it
-        relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, argv if isinstance(argv, list) else None, script_args)
+        relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, invocation.argv if invocation else None, script_args, invocation.relay_input if invocation else None)
+    assert invocation is None or invocation.relay_input is None, "placement.relays_for_sure took this run for a relayed one"
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import exit_process, spark_engines

@@ -94,7 +94,7 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
     from udf_agent.runtime.config import AgentConfig
     from udf_agent.runtime.engines import spark_engines
     from udf_agent.runtime.logs import configure_logging
-    from udf_agent.runtime.transports import claim_stdout
+    from udf_agent.runtime.stdio import claim_stdout
     from udf_agent.tools.lineproto import LineProtocolError, format_point
     from udf_agent.tools.recordings import BATCH_EXTENSION, RecordingError
     from udf_agent.tools.replay import REPLAY_DRAIN_TIMEOUT, ReplayError, in_process_engines, read_replay_input, replay_points

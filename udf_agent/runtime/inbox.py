@@ -29,7 +29,7 @@ from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.workqueue import Finish, WorkQueue
 from udf_agent.runtime.writer import Writer
-from udf_agent.wire.guard import keepalive_frame
+from udf_agent.wire.keepalives import keepalive_frame
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from udf_agent.wire.frames import (
     parse_message,
     request_point,
 )
-from udf_agent.wire.guard import OutputGuard, keepalive_frame
+from udf_agent.wire.guard import OutputGuard
+from udf_agent.wire.keepalives import keepalive_frame
 
 log = logging.getLogger(__name__)
 

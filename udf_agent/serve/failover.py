@@ -24,9 +24,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from udf_agent.serve.relay_link import Checkpoint
 from udf_agent.wire.frames import KEEPALIVE_KEY, ProtocolError, read_varint
+from udf_agent.wire.keepalives import keepalive_request_time
+
+if TYPE_CHECKING:  # the relay's input side imports this at its first moment: only what it needs
+    from udf_agent.serve.relay_link import Checkpoint
 
 # The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
 INIT_REPLY = (2 << 3) | 2
@@ -212,17 +216,14 @@ def _check_reply(expected: int, frame: bytes) -> None:
 
 
 def _keepalive_time(frame: bytes) -> int:
-    """KeepaliveRequest.time of a Request frame holding one (0 where it has none)."""
-    from udf_agent import udf_pb2  # protobuf, only on a carry-over
-
-    request = udf_pb2.Request()
-    request.ParseFromString(_body(frame))
-    return int(request.keepalive.time)
+    """KeepaliveRequest.time of a Request frame holding one (0 where it is unreadable: the
+    server that takes the input says what is wrong with it)."""
+    try:
+        return keepalive_request_time(_body(frame))
+    except ProtocolError:
+        return 0
 
 
 def _body(frame: bytes) -> bytes:
     """A whole frame's body: what follows its length varint."""
-    pos = 0
-    while frame[pos] & 0x80:
-        pos += 1
-    return frame[pos + 1 :]
+    return frame[read_varint(frame, 0)[1] :]

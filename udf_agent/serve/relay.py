@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from udf_agent.runtime.logs import TaskLabels, configure_logging, in_task, label_thread, log_forwarded
-from udf_agent.runtime.pacing import ReadPacer
-from udf_agent.runtime.stop_signals import on_stop_signals
-from udf_agent.runtime.transports import claim_stdio_fds
-from udf_agent.serve.failover import CarryOver, CarryOverError
+from udf_agent.runtime.logs import configure_logging, label_thread, log_forwarded
+from udf_agent.serve.failover import CarryOverError
+from udf_agent.serve.relay_input import RelayInput
 from udf_agent.serve.relay_link import ChunkSplitter, LinkError
-from udf_agent.serve.relay_output import STOPPED_READER_TIMEOUT, KapacitorOutput, OutputAbandoned
+from udf_agent.serve.relay_output import STOPPED_READER_TIMEOUT, OutputAbandoned
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
 from udf_agent.wire.frames import FrameSplitter, encode_varint
 
@@ -36,19 +32,10 @@ log = logging.getLogger(__name__)
 CHUNK = 256 * 1024
 # Input waiting for the server, between Kapacitor's writes and the server's reads: a
 # KeepaliveRequest waits behind all of it, and while the server's reader waits for compute to
-# make room, it waits as long. A read of stdin at most INPUT_CHUNK, and a socket send buffer
-# of SERVER_SEND_BUFFER, keep it small (flat out: keepalive p99 51 -> 25 ms, the rate alike);
-# Kapacitor's writes then wait in its pipe, as they would for a UDF of its own.
-INPUT_CHUNK = 64 * 1024
+# make room, it waits as long. A read of stdin at most ``relay_input.INPUT_CHUNK``, and a
+# socket send buffer of SERVER_SEND_BUFFER, keep it small (flat out: keepalive p99 51 -> 25 ms,
+# the rate alike); Kapacitor's writes then wait in its pipe, as they would for a UDF of its own.
 SERVER_SEND_BUFFER = 32 * 1024
-# The relay's pause between small reads while input flows (the agent's reader pauses
-# PAUSE, 1 ms): twice the points a read and half the wake-ups, here and in the server's
-# reader that takes what the relay sends; a keepalive waits at most 1 ms longer.
-RELAY_READ_PAUSE = 0.002
-# Input kept since the last checkpoint before reading waits for the next one: four times what
-# makes a checkpoint due (``checkpoints.CHECKPOINT_INPUT_BYTES``), so that only a checkpoint
-# slow to come holds the input, and the relay's footprint stays bounded whatever the stream.
-MAX_KEPT_INPUT = 64 * 1024 * 1024
 # Carry-overs of one task before a dying server fails it as it did before carry-overs.
 MAX_CARRY_OVERS = 5
 # The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
@@ -56,10 +43,11 @@ ERROR_TAG = (6 << 3) | 2
 SERVER_END_GRACE = 0.5
 
 
-def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None, script_args: tuple[str, ...] = ()) -> NoReturn:
+def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart, log_level: str, log_format: str, asked_of_server: ServerOptions, argv: list[str] | None, script_args: tuple[str, ...] = (), started: RelayInput | None = None) -> NoReturn:
     """The task as a relay to the shared Spark server for ``start``'s settings (started if none
     is up), which it asks to run ``target`` with ``agent_options``; exits. The launch is
-    remembered for the next task started with ``argv``, the raw command line (see entry.py)."""
+    remembered for the next task started with ``argv``, the raw command line (see entry.py).
+    ``started``: the task's input, if entry.py started reading it already."""
     hello = {"target": target, "agent": agent_options, **({"script_args": list(script_args)} if script_args else {})}
 
     def join_server() -> Welcome:
@@ -69,22 +57,21 @@ def relay_launch(target: str, agent_options: dict[str, Any], start: ServerStart,
             remember_launch(argv, Launch(server, hello, log_level, log_format, asked_of_server, start))
         return welcome
 
-    relay_stdio(join_server, log_level, log_format, asked_of_server, rejoin=lambda: start.join(locate(start.settings), hello))
+    relay_stdio(join_server, log_level, log_format, asked_of_server, rejoin=lambda: start.join(locate(start.settings), hello), started=started)
 
 
-def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions, rejoin: Callable[[], Welcome] | None = None) -> NoReturn:
-    """The task's process as a relay: claims stdin and stdout, joins its server with
-    ``join`` (saying what of ``asked_of_server`` that server, started earlier, does otherwise)
-    and relays until the server closes the task's connection, carrying the task over to a new
-    server with ``rejoin`` if it dies; exits. It reads and keeps Kapacitor's input, answering
-    its keepalives, from the first moment: joining (a server to start, Spark's JVM behind it)
-    takes as long as it takes."""
-    read_fd, write_fd = claim_stdio_fds()
+def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, asked_of_server: ServerOptions, rejoin: Callable[[], Welcome] | None = None, started: RelayInput | None = None) -> NoReturn:
+    """The task's process as a relay: claims stdin and stdout (unless ``started`` holds them,
+    its input read since the process's first moment), joins its server with ``join`` (saying
+    what of ``asked_of_server`` that server, started earlier, does otherwise) and relays until
+    the server closes the task's connection, carrying the task over to a new server with
+    ``rejoin`` if it dies; exits. Kapacitor's input is read and kept, its keepalives answered,
+    from the first: joining (a server to start, Spark's JVM behind it) takes as long as it takes."""
+    task_input = started or RelayInput.from_stdio()
     configure_logging(log_level, log_format)
     # The relay's own lines name the task once the server's records have told its IDs.
-    labels = TaskLabels()
-    label_thread(labels)
-    relay = Relay(read_fd, write_fd, labels, rejoin)
+    label_thread(task_input.labels)
+    relay = Relay(task_input, rejoin)
     try:
         welcome = join()
     except SharedServerError as exc:
@@ -99,31 +86,19 @@ def relay_stdio(join: Callable[[], Welcome], log_level: str, log_format: str, as
 
 
 class Relay:
-    """Copies stdin to the server's socket, whole frames of its answers to stdout, and logs the
-    task's records it sends; keeps what it needs to carry the task over to a new server if
-    this one dies (``failover``), and does so when given how to ``rejoin``."""
+    """The task's output side: whole frames of the server's answers to stdout, the task's
+    records it sends logged; carries the task over to a new server if this one dies
+    (``failover``), when given how to ``rejoin``. The input side is ``relay_input``."""
 
-    def __init__(self, read_fd: int, write_fd: int, labels: TaskLabels, rejoin: Callable[[], Welcome] | None = None):
-        self._labels = labels
-        self._read_fd = read_fd
+    def __init__(self, task_input: RelayInput, rejoin: Callable[[], Welcome] | None = None):
+        self._input = task_input
+        self._carry = task_input.carry
+        self._output = task_input.output
+        self._labels = task_input.labels
         self._rejoin = rejoin
-        self._input_ended = threading.Event()
-        self._output = KapacitorOutput(write_fd, self._input_ended)
-        self._output.open()
-        # Guards the carry-over's kept input and whether input goes to a server now.
-        self._lock = threading.Condition()
-        self._carry = CarryOver()
-        # Until a server takes the input (the first, or a new one), the relay keeps it and
-        # answers the keepalives in it; the server gets it all once joined.
-        self._carrying_over = True
-        self._keepalives_scanned = 0  # of the kept input, while no server takes it
-        self._sock: socket.socket | None = None
         self._chunks = ChunkSplitter()
         self.carry_overs = 0
         self._carry_started = 0.0  # when the last carry-over began
-        threading.Thread(target=in_task(self._labels, self._forward_input), name="relay-input", daemon=True).start()
-        # SIGTERM ends the input as Kapacitor closing stdin would.
-        on_stop_signals(lambda reason: self._end_input(), "the shared server finishes this task's accepted work")
 
     def run(self, welcome: Welcome) -> int:
         """Gives ``welcome``'s server the task's input so far, then relays until the server
@@ -159,7 +134,7 @@ class Relay:
         if last_tag == ERROR_TAG:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
-        finished = self._input_ended.is_set() and not partial and not self._carry.catching_up
+        finished = self._input.ended.is_set() and not partial and not self._carry.catching_up
         if finished and server_alive(server):
             return 0  # the session's orderly end
         died = self._server_ended(server)
@@ -189,9 +164,7 @@ class Relay:
                     self._output.heartbeat("carry-over", False)
             if checkpoint is None:
                 return
-            with self._lock:
-                self._carry.checkpointed(checkpoint)
-                self._lock.notify_all()  # an input held for room goes on
+            self._input.checkpointed(checkpoint)
 
     def _carry_over(self, dead: Welcome) -> Welcome | int:
         """Joins a new server in place of ``dead`` (starting it, or waiting for the relay that
@@ -199,11 +172,7 @@ class Relay:
         answers Kapacitor's watchdog itself. The new server, or the exit code if none."""
         self.carry_overs += 1
         self._carry_started = time.monotonic()
-        with self._lock:
-            self._carrying_over = True
-            kept = self._carry.kept_input
-            self._keepalives_scanned = 0
-            self._answer_keepalives()
+        kept = self._input.carry_over()
         self._output.heartbeat("carry-over", True)
         log.warning(
             "the shared Spark server (pid %d) died in the middle of the task: carrying the task over to a new one (its last checkpoint and %d bytes of input since)", dead.pid, kept
@@ -217,29 +186,16 @@ class Relay:
     def _hand_over(self, welcome: Welcome) -> None:
         """``welcome``'s server takes the task: it gets the last checkpoint and the input kept
         since (everything, before the first checkpoint), then the input goes straight to it."""
-        self._sock, self._chunks = _input_link(welcome), ChunkSplitter()
+        self._chunks = ChunkSplitter()
         snapshot = self._carry.snapshot
         restore = b"" if snapshot is None else _restore_frame(snapshot)
-        with self._lock:
-            replay = self._carry.replay(restore)
-            mark = self._carry.kept_input
         try:
-            self._sock.sendall(replay)
-            while True:  # input that came meanwhile, then the input goes straight on
-                with self._lock:
-                    more = self._carry.since(mark)
-                    if not more:
-                        self._carrying_over = False
-                        ended = self._input_ended.is_set()
-                        break
-                    mark += len(more)
-                self._sock.sendall(more)
-            if ended:
-                self._sock.shutdown(socket.SHUT_WR)
+            replayed = self._input.hand_over(_input_link(welcome), restore)
         except OSError as exc:
             log.warning("the shared server (pid %d) took the task's replay only in part (%s)", welcome.pid, exc)  # its end is seen by the output loop
+            return
         if self.carry_overs:
-            log.warning("carried over to the shared Spark server (pid %d) in %.1f s: %d bytes replayed; its log: %s", welcome.pid, time.monotonic() - self._carry_started, len(replay), welcome.log)
+            log.warning("carried over to the shared Spark server (pid %d) in %.1f s: %d bytes replayed; its log: %s", welcome.pid, time.monotonic() - self._carry_started, replayed, welcome.log)
 
     def fail(self, message: str) -> int:
         """Ends the task with ``message`` as its last frame."""
@@ -262,72 +218,6 @@ class Relay:
                 return False
             time.sleep(0.02)
         return True
-
-    def _forward_input(self) -> None:
-        pacer = ReadPacer(pause=RELAY_READ_PAUSE)
-        try:
-            while data := self._read_input():
-                pause = pacer.after_read(len(data), time.monotonic())
-                with self._lock:
-                    self._hold_for_room()
-                    self._carry.sent(data)  # kept first: a carry-over replays it
-                    sock = None if self._carrying_over else self._sock
-                    if sock is None:
-                        self._answer_keepalives()
-                if sock is not None:
-                    try:
-                        sock.sendall(data)
-                    except OSError as exc:  # the server is gone: the output side sees it (what it missed is kept)
-                        log.debug("relaying input to the server stopped: %s", exc)
-                if pause:
-                    time.sleep(pause)  # input is flowing in small reads: let it gather
-        except OSError as exc:
-            log.debug("reading Kapacitor's input stopped: %s", exc)
-        self._end_input()
-
-    def _read_input(self) -> bytes:
-        while True:
-            try:
-                return os.read(self._read_fd, INPUT_CHUNK)
-            except BlockingIOError:
-                # stdin and stdout are one socket (a Handler script's Server hands the
-                # connection over so), and stdout's writes are non-blocking: wait for input.
-                select.select([self._read_fd], [], [])
-
-    def _answer_keepalives(self) -> None:
-        """While no server takes the task's input, the KeepaliveRequests in it are answered
-        here (caller holds ``_lock``); those kept from before too, once (a server may have
-        answered them already: an extra answer is harmless)."""
-        from udf_agent.wire.guard import keepalive_frame  # protobuf, only on a carry-over
-
-        times, self._keepalives_scanned = self._carry.keepalive_requests(self._keepalives_scanned)
-        for stamp in times:
-            try:
-                self._output.write(keepalive_frame(stamp))
-            except (OSError, OutputAbandoned):
-                return
-
-    def _hold_for_room(self) -> None:
-        """Past MAX_KEPT_INPUT kept for a carry-over, reading waits for the next checkpoint
-        (caller holds ``_lock``): Kapacitor's writes wait, and the relay answers its watchdog."""
-        if self._carry.kept_input <= MAX_KEPT_INPUT:
-            return
-        log.warning("%d bytes of input since this task's last checkpoint: input is held until the next one", self._carry.kept_input)
-        self._output.heartbeat("held", True)
-        while self._carry.kept_input > MAX_KEPT_INPUT:
-            self._lock.wait()
-        self._output.heartbeat("held", False)
-
-    def _end_input(self) -> None:
-        """The server's agent sees end of input: it finishes accepted work, then closes."""
-        with self._lock:
-            self._input_ended.set()
-            sock = None if self._carrying_over else self._sock  # else the carry-over ends it after its replay
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
 
 def _input_link(welcome: Welcome) -> socket.socket:

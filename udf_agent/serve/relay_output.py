@@ -9,7 +9,8 @@ import os
 import threading
 import time
 
-from udf_agent.runtime.transports import PIPE_SIZE, size_pipe
+from udf_agent.runtime.stdio import PIPE_SIZE, size_pipe
+from udf_agent.wire.keepalives import keepalive_frame
 
 # How often the relay answers Kapacitor's watchdog itself while no server does.
 HEARTBEAT_INTERVAL = 1.0
@@ -66,8 +67,6 @@ class KapacitorOutput:
             threading.Thread(target=self._beat, name="relay-heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
-        from udf_agent.wire.guard import keepalive_frame  # protobuf, only while the relay answers
-
         with self._heartbeat_wake:
             while self._heartbeats:
                 try:

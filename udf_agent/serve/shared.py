@@ -57,9 +57,6 @@ START_TIMEOUT = 60.0
 MAX_HANDSHAKE = 64 * 1024
 # A server's log is kept across restarts (the last one's crash is in it) up to this size.
 MAX_LOG_BYTES = 10 * 1024 * 1024
-# Built-ins declared compute=False (tests keep the two in step), which have no Spark to share:
-# relaying one would only add a hop. Named here so that a relay need not import the built-ins.
-SPARK_FREE_BUILTINS = frozenset({"mirror"})
 
 
 class SharedServerError(Exception):

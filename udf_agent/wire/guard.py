@@ -1,4 +1,5 @@
-"""The only way out: every frame the agent sends is made or checked here.
+"""The only way out: every frame the agent sends is made or checked here (keepalive
+replies, which need no protobuf, in ``wire/keepalives``).
 
 Kapacitor crashes (the whole kapacitord, not only the task) on an empty
 Response, an EndBatch with no open BeginBatch and a negative BeginBatch.size,
@@ -89,8 +90,4 @@ def encode_batch(
 def error_frame(message: str) -> bytes:
     """An ErrorResponse: it fails the task, so it is always the last frame sent."""
     return encode_frame(udf_pb2.Response(error=udf_pb2.ErrorResponse(error=message or "unknown error")))
-
-
-def keepalive_frame(time: int) -> bytes:
-    return encode_frame(udf_pb2.Response(keepalive=udf_pb2.KeepaliveResponse(time=time)))
 
