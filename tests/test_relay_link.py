@@ -16,7 +16,18 @@ from udf_agent import udf_pb2
 from udf_agent.runtime.connection import WriteTimeout
 from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
 from udf_agent.runtime.writer import Writer
-from udf_agent.serve.relay_link import MAX_QUEUED_LOG_BYTES, OUTPUT, ChunkSplitter, LinkError, RelayedConnection, log_message, output_message
+from udf_agent.serve.relay import restore_frame
+from udf_agent.serve.relay_link import (
+    CHECKPOINT,
+    MAX_QUEUED_LOG_BYTES,
+    OUTPUT,
+    ChunkSplitter,
+    LinkError,
+    RelayedConnection,
+    checkpoint_message,
+    log_message,
+    output_message,
+)
 from udf_agent.wire.frames import KEEPALIVE_KEY, count_frames, encode_frame
 from udf_agent.wire.guard import error_frame
 from udf_agent.wire.links import HEADER, LENGTH, message
@@ -106,6 +117,32 @@ def test_the_server_counts_every_frame_of_a_write_but_keepalive_replies():
         ours.shutdown(socket.SHUT_WR)
         _, counted, _, _ = ChunkSplitter().feed(relay.recv(1 << 20))
     assert counted == 3
+
+
+def test_a_checkpoint_built_in_place_is_the_message_of_its_parts():
+    init, state = encode_frame(udf_pb2.Request(init=udf_pb2.InitRequest(taskID="t"))), os.urandom(100_000)
+    built = checkpoint_message(12_345, init, lambda out: out.extend(state))
+    assert built == message(CHECKPOINT, LENGTH.pack(12_345), LENGTH.pack(len(init)), init, state)
+
+
+def test_a_checkpoint_is_kept_as_it_came_without_a_copy_and_what_follows_it_comes_after():
+    init, state = b"\x02\x12\x00", os.urandom(300_000)
+    stream = chunk_message(CHUNKS[0]) + bytes(checkpoint_message(7, init, lambda out: out.extend(state))) + chunk_message(CHUNKS[1])
+    splitter = ChunkSplitter()
+    frames, counted, _, checkpoint = splitter.feed(stream)
+    assert (frames, counted) == (CHUNKS[0], 3)  # what came before it, first
+    assert checkpoint is not None and (checkpoint.input_bytes, checkpoint.init_frame) == (7, init)
+    assert isinstance(checkpoint.snapshot, memoryview) and checkpoint.snapshot == state
+    # A view of the buffer the message was received in, cut to it: no second copy of the state.
+    assert checkpoint.snapshot.nbytes == len(state) and len(checkpoint.snapshot.obj) == 2 * LENGTH.size + len(init) + len(state)
+    assert splitter.feed(b"")[:2] == (CHUNKS[1], 1)  # what follows it, once asked for
+    assert splitter.buffered == 0 and checkpoint.snapshot == state  # the kept one is left alone
+
+
+@pytest.mark.parametrize("size", [1, 127, 128, 16_383, 16_384, 300_000])  # never empty: a snapshot has its header
+def test_the_relays_restore_request_is_protobufs_own_bytes(size):
+    state = os.urandom(size)
+    assert restore_frame(memoryview(state)) == encode_frame(udf_pb2.Request(restore=udf_pb2.RestoreRequest(snapshot=state)))
 
 
 def test_a_message_is_its_kind_and_length_little_endian_then_its_payload():

@@ -7,7 +7,11 @@ spaces the next one (``took``). A task that is not relayed has none.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from udf_agent.runtime.writer import LinkMessage
 
 # A relayed task is checkpointed at most this often, and sooner once this much input has come
 # since the last one: what its relay keeps to replay after a failover.
@@ -21,7 +25,8 @@ class CheckpointSink(Protocol):
     """Where a relayed task's checkpoints go: its link to the relay, which carries the task
     over to a new server if this one dies."""
 
-    def checkpoint_message(self, input_bytes: int, init_frame: bytes, snapshot: bytes) -> bytes: ...
+    def checkpoint_message(self, input_bytes: int, init_frame: bytes, write_state: Callable[[bytearray], None]) -> LinkMessage:
+        """The checkpoint's message, the state written into it by ``write_state``."""
 
 
 class Checkpoints:

@@ -37,7 +37,7 @@ class Connection(Protocol):
         """Whether input (or its end) is waiting to be read, or comes ``within`` seconds, seen
         without reading: when none is after a read, the peer's writes have paused."""
 
-    def write(self, data: bytes, deadline: Deadline = ...) -> None:
+    def write(self, data: bytes | bytearray, deadline: Deadline = ...) -> None:
         """Writes all of ``data``; raises WriteTimeout once ``deadline()`` (a monotonic time, read afresh) passes."""
 
     def write_now(self, data: bytes) -> bool:

@@ -12,7 +12,7 @@ import itertools
 import logging
 from typing import Any
 
-from udf_agent.runtime.snapshot import GroupState, dump_snapshot, load_snapshot
+from udf_agent.runtime.snapshot import GroupState, dump_snapshot, dump_snapshot_into, load_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,10 @@ class GroupStore:
 
     def snapshot(self, udf_name: str, options: dict[str, Any] | None) -> bytes:
         return dump_snapshot(udf_name, self._groups, options)
+
+    def snapshot_into(self, out: bytearray, udf_name: str, options: dict[str, Any] | None) -> None:
+        """``snapshot``, appended to ``out``."""
+        dump_snapshot_into(out, udf_name, self._groups, options)
 
     def restore(self, udf_name: str, data: bytes, options: dict[str, Any] | None) -> int:
         """Replaces every group with the snapshot's (SnapshotError if it is refused); how many."""

@@ -392,12 +392,20 @@ class MicroBatchRunner:
         spec = self._loaded()
         started = time.monotonic()
         if self.handler is not None:
-            data = self.handler.checkpoint(self.engines.engine_for(spec), self.stats)
+            state = self.handler.checkpoint(self.engines.engine_for(spec), self.stats)
+
+            def write_state(out: bytearray) -> None:
+                out += state
         else:
-            data = self.groups.snapshot(spec.name, self._options_fingerprint())
-        self.writer.send(self.checkpoints.sink.checkpoint_message(item.input_bytes, item.init_frame, data))
+            name, options = spec.name, self._options_fingerprint()
+
+            def write_state(out: bytearray) -> None:
+                self.groups.snapshot_into(out, name, options)
+
+        message = self.checkpoints.sink.checkpoint_message(item.input_bytes, item.init_frame, write_state)
+        self.writer.send(message)
         took = time.monotonic() - started
-        self.stats.checkpointed(took, len(data))
+        self.stats.checkpointed(took, len(message))
         self.checkpoints.took(took)
 
     def _restore(self, data: bytes) -> None:

@@ -54,12 +54,22 @@ def _fingerprint(options: dict[str, Any]) -> str:
 
 
 def dump_snapshot(udf_name: str, groups: dict[str, GroupState], options: dict[str, Any] | None = None) -> bytes:
+    out = bytearray()
+    dump_snapshot_into(out, udf_name, groups, options)
+    return bytes(out)
+
+
+def dump_snapshot_into(out: bytearray, udf_name: str, groups: dict[str, GroupState], options: dict[str, Any] | None = None) -> None:
+    """Appends the snapshot of ``groups`` to ``out``, compressed straight into it: a relayed
+    task's checkpoint is written into its link message, with no copy of a snapshot that is
+    tens of MB (each copy a peak of the server's footprint)."""
     import pyarrow as pa
 
     header = {"udf": udf_name, "options": None if options is None else _fingerprint(options)}
-    sink = pa.BufferOutputStream()
+    start = len(out)
+    out += bytes(_HEADER.size + _SIZE.size)  # filled in once the records are compressed
     size = 0
-    with pa.CompressedOutputStream(sink, "zstd") as compressor:  # one zstd frame, as pa.compress makes
+    with pa.CompressedOutputStream(pa.PythonFile(_Appender(out), mode="w"), "zstd") as compressor:  # one zstd frame, as pa.compress makes
 
         def write(parts: list[bytes]) -> None:
             nonlocal size
@@ -74,11 +84,29 @@ def dump_snapshot(udf_name: str, groups: dict[str, GroupState], options: dict[st
                 write(parts)
                 parts = []
         write(parts)
-    compressed = sink.getvalue()
-    size_field = _SIZE.pack(size)
-    digest = hashlib.sha256(size_field)
-    digest.update(compressed)
-    return b"".join((_HEADER.pack(MAGIC, VERSION, digest.digest()), size_field, compressed))
+    size_at = start + _HEADER.size
+    _SIZE.pack_into(out, size_at, size)
+    with memoryview(out) as view:
+        digest = hashlib.sha256(view[size_at:]).digest()
+    _HEADER.pack_into(out, start, MAGIC, VERSION, digest)
+
+
+class _Appender:
+    """A file that appends what is written to a bytearray (pyarrow's ``PythonFile`` over it)."""
+
+    def __init__(self, out: bytearray):
+        self._out = out
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self._out += data
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _record(value: bytes | None) -> bytes:

@@ -102,7 +102,7 @@ class FdConnection:
     def input_waiting(self, within: float = 0.0) -> bool:
         return bool(self._poller.poll(math.ceil(within * 1000)))  # an abort counts: the next read returns at once
 
-    def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
+    def write(self, data: bytes | bytearray, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
         total = len(view)
         while view:
@@ -172,7 +172,7 @@ class SocketConnection:
         """Whether the peer has shut down its sending side (seen without reading)."""
         return _hung_up(self.sock.fileno(), select.POLLRDHUP | select.POLLHUP)
 
-    def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
+    def write(self, data: bytes | bytearray, deadline: Deadline = no_deadline) -> None:
         view = memoryview(data)
         total = len(view)
         while view:

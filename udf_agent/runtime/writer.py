@@ -19,9 +19,10 @@ WRITE_CHUNK = 256 * 1024
 OUTPUT_QUEUE_BYTES = 32 * 1024 * 1024
 
 
-class LinkMessage(bytes):
+class LinkMessage(bytearray):
     """Bytes for the connection itself, not Kapacitor frames (a relayed task's checkpoint):
-    written alone, in its place in the output, never joined with frames."""
+    written alone, in its place in the output, never joined with frames. Built in place (a
+    checkpoint's snapshot is compressed straight into it): no copy of tens of MB is made."""
 
 
 class Writer:
@@ -36,7 +37,7 @@ class Writer:
 
     def __init__(self, connection: Connection, labels: TaskLabels | None = None):
         self._connection = connection
-        self._frames: deque[bytes] = deque()
+        self._frames: deque[bytes | LinkMessage] = deque()
         self._queued = 0  # bytes in _frames
         self._cond = threading.Condition()
         self._closing = False
@@ -53,7 +54,7 @@ class Writer:
         """Bytes of output waiting to be written."""
         return self._queued
 
-    def send(self, frame: bytes, urgent: bool = False, wait: bool = True) -> None:
+    def send(self, frame: bytes | LinkMessage, urgent: bool = False, wait: bool = True) -> None:
         """Queues ``frame``; with ``wait``, data waits while the queue is full
         (``OUTPUT_QUEUE_BYTES``). An urgent frame (a keepalive reply) never waits and goes
         first; replies sent by a thread that holds the agent's lock pass ``wait=False``."""
@@ -139,7 +140,7 @@ class Writer:
                 self._writing = False  # this thread's last write is done
                 while (not self._frames and not self._closing) or self._writing:
                     self._cond.wait()
-                frames: list[bytes] = []
+                frames: list[bytes | LinkMessage] = []
                 size = 0
                 while self._frames and (not frames or size + len(self._frames[0]) <= WRITE_CHUNK):
                     if frames and (isinstance(self._frames[0], LinkMessage) or isinstance(frames[0], LinkMessage)):
@@ -176,7 +177,7 @@ class Writer:
                     pass
                 return
 
-    def _count_unwritten(self, frames: list[bytes], written: int) -> None:
+    def _count_unwritten(self, frames: list[bytes | LinkMessage], written: int) -> None:
         # Frames wholly written before the deadline count as sent; the rest,
         # including one cut short, as dropped.
         for frame in frames:

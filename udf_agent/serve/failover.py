@@ -196,7 +196,7 @@ class CarryOver:
         return self._input.tail(mark)
 
     @property
-    def snapshot(self) -> bytes | None:
+    def snapshot(self) -> bytes | memoryview | None:
         return None if self._checkpoint is None else self._checkpoint.snapshot
 
 

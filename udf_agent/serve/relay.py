@@ -188,7 +188,7 @@ class Relay:
         since (everything, before the first checkpoint), then the input goes straight to it."""
         self._chunks = ChunkSplitter()
         snapshot = self._carry.snapshot
-        restore = b"" if snapshot is None else _restore_frame(snapshot)
+        restore = b"" if snapshot is None else restore_frame(snapshot)
         try:
             replayed = self._input.hand_over(_input_link(welcome), restore)
         except OSError as exc:
@@ -226,9 +226,9 @@ def _input_link(welcome: Welcome) -> socket.socket:
     return welcome.sock
 
 
-def _restore_frame(snapshot: bytes) -> bytes:
+def restore_frame(snapshot: bytes | memoryview) -> bytes:
     """A RestoreRequest of ``snapshot``, framed: Request.restore (field 5) holding
     RestoreRequest.snapshot (field 1), written out so the relay needs no protobuf for it."""
-    inner = b"\x0a" + encode_varint(len(snapshot)) + snapshot
-    body = b"\x2a" + encode_varint(len(inner)) + inner
-    return encode_varint(len(body)) + body
+    inner_length = 1 + len(encode_varint(len(snapshot))) + len(snapshot)
+    body_length = 1 + len(encode_varint(inner_length)) + inner_length
+    return b"".join((encode_varint(body_length), b"\x2a", encode_varint(inner_length), b"\x0a", encode_varint(len(snapshot)), snapshot))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from udf_agent.runtime.connection import Deadline, WriteTimeout
@@ -31,7 +32,7 @@ from udf_agent.runtime.transports import SocketConnection, no_deadline
 from udf_agent.runtime.writer import LinkMessage, Writer
 from udf_agent.wire import hotpath
 from udf_agent.wire.frames import KEEPALIVE_KEY
-from udf_agent.wire.links import HEADER, LENGTH, message
+from udf_agent.wire.links import HEADER, LENGTH, begin_message, end_message, message
 
 # The kinds of message: whole frames of output (behind the count of those that are not keepalive
 # replies), a log record, a checkpoint (``checkpoint_message``).
@@ -44,26 +45,35 @@ MAX_QUEUED_LOG_BYTES = 256 * 1024
 OUTPUT_SEND_BUFFER = 32 * 1024
 
 
-def checkpoint_message(input_bytes: int, init_frame: bytes, snapshot: bytes) -> LinkMessage:
+def checkpoint_message(input_bytes: int, init_frame: bytes, write_state: Callable[[bytearray], None]) -> LinkMessage:
     """A checkpoint as it goes to the relay, in its place among the output chunks: the task's
-    state (``snapshot``, the agent's own) as of ``input_bytes`` of its input, every output
-    for that input written before it, and the Init that starts the task afresh."""
-    return LinkMessage(message(CHECKPOINT, LENGTH.pack(input_bytes), LENGTH.pack(len(init_frame)), init_frame, snapshot))
+    state (the agent's own snapshot, which ``write_state`` appends to the message) as of
+    ``input_bytes`` of its input, every output for that input written before it, and the
+    Init that starts the task afresh."""
+    out = LinkMessage()
+    begin_message(out)
+    out += LENGTH.pack(input_bytes)
+    out += LENGTH.pack(len(init_frame))
+    out += init_frame
+    write_state(out)
+    end_message(out, CHECKPOINT)
+    return out
 
 
 class Checkpoint(NamedTuple):
     input_bytes: int
     init_frame: bytes
-    snapshot: bytes
+    snapshot: bytes | memoryview
 
     @classmethod
-    def parse(cls, payload: bytes | memoryview) -> Checkpoint:
-        """One copy of each part: a checkpoint of many groups' state is tens of MB, and the
-        relay's footprint is what it keeps plus what it copies on the way."""
+    def parse(cls, payload: bytes | bytearray) -> Checkpoint:
+        """The snapshot is kept where it is, a view of ``payload`` (which must not change
+        after): a checkpoint of many groups' state is tens of MB, and the relay's footprint is
+        what it keeps plus what it copies on the way."""
         (input_bytes,) = LENGTH.unpack_from(payload)
         (init_length,) = LENGTH.unpack_from(payload, LENGTH.size)
         start = 2 * LENGTH.size
-        return cls(input_bytes, bytes(payload[start : start + init_length]), bytes(payload[start + init_length :]))
+        return cls(input_bytes, bytes(payload[start : start + init_length]), memoryview(payload)[start + init_length :])
 
 
 def output_message(frames: bytes, counted: int) -> bytes:
@@ -129,7 +139,7 @@ class RelayedConnection(SocketConnection):
             messages.append(log_message(forwarded_record(notice, self._labels)))
         return b"".join(messages)
 
-    def write(self, data: bytes, deadline: Deadline = no_deadline) -> None:
+    def write(self, data: bytes | bytearray, deadline: Deadline = no_deadline) -> None:
         """``data``, whole frames (or nothing), as one chunk, after the log records queued since
         the last write; a link message (a checkpoint) as it is."""
         queued = self._take_log_messages()
@@ -138,6 +148,7 @@ class RelayedConnection(SocketConnection):
                 super().write(queued, deadline)
             super().write(data, deadline)
             return
+        assert isinstance(data, bytes)  # frames: only a link message is built in a bytearray
         if data:
             # Compiled once the server's scanner has loaded (the relay, which never writes here, never loads it).
             queued += output_message(data, hotpath.kernels().count_frames(data, KEEPALIVE_KEY))
@@ -208,8 +219,14 @@ class ChunkSplitter:
             if kind == LOG_RECORD:
                 records.append(bytes(buffer[start:end]))
             elif kind == CHECKPOINT:
-                with memoryview(buffer) as view:  # released before the buffer is cut below
-                    checkpoint = Checkpoint.parse(view[start:end])
+                # The buffer becomes the checkpoint's, cut to its payload; what follows it (at
+                # most a receive's worth) starts a new buffer.
+                self._buffer = bytearray(buffer[end:])
+                del buffer[end:]
+                del buffer[:start]  # from the front: a bytearray only moves its start
+                checkpoint = Checkpoint.parse(buffer)
+                buffer, pos = self._buffer, 0
+                break
             else:
                 raise LinkError(f"a message of unknown kind {kind}")
             pos = end

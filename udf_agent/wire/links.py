@@ -16,6 +16,16 @@ HEADER = struct.Struct("<BQ")
 LENGTH = struct.Struct("<Q")
 
 
+def begin_message(buffer: bytearray) -> None:
+    """Leaves room in ``buffer`` for the header of a message whose payload is appended next."""
+    buffer += bytes(HEADER.size)
+
+
+def end_message(buffer: bytearray, kind: int) -> None:
+    """Writes the header of the message ``begin_message`` started, once its payload is in."""
+    HEADER.pack_into(buffer, 0, kind, len(buffer) - HEADER.size)
+
+
 def message(kind: int, *payload: bytes) -> bytes:
     """A payload of ``payload``'s parts, one after another, behind its header: joined once (a
     checkpoint's snapshot is tens of MB, and each copy of it a peak)."""
