@@ -173,11 +173,13 @@ def first_answers(work: Path, repeats: int, command: str) -> dict[str, Any]:
     for a task started with the same command line while that server is up (a remembered
     launch). REPEATS fresh hosts, medians. An editable install (``pip install -e``) starts
     Python ~20 ms later than a regular one: its import hook loads first."""
+    from benchmarks.shared_deployment import kill_shared_servers, shared_env  # it imports this module
+
     fresh_keepalive, fresh_info, again_keepalive, again_info = [], [], [], []
     for n in range(repeats):
         directory = work / f"fresh-{n}"
         directory.mkdir(mode=0o700)
-        env = {"UDF_AGENT_SHARED_DIR": str(directory), "UDF_AGENT_OWN_SPARK": "0"}
+        env = shared_env(str(directory))
         try:
             for keepalives, infos in ((fresh_keepalive, fresh_info), (again_keepalive, again_info)):
                 driver = KapacitorDriver.command([command, "run", "moving_avg"], env=env, cwd=REPO)
@@ -191,12 +193,7 @@ def first_answers(work: Path, repeats: int, command: str) -> dict[str, Any]:
                 finally:
                     driver.kill()
         finally:
-            for pid in shared_server_pids(str(directory)):
-                for member in [pid, *descendants(pid)]:
-                    try:
-                        os.kill(member, 9)
-                    except ProcessLookupError:
-                        pass
+            kill_shared_servers(str(directory))
 
     return {
         "repeats": repeats,

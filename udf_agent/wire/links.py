@@ -27,6 +27,6 @@ def end_message(buffer: bytearray, kind: int) -> None:
 
 
 def message(kind: int, *payload: bytes) -> bytes:
-    """A payload of ``payload``'s parts, one after another, behind its header: joined once (a
-    checkpoint's snapshot is tens of MB, and each copy of it a peak)."""
+    """A payload of ``payload``'s parts, one after another, behind its header, joined once. A
+    message too large to copy (a checkpoint) is built in place instead: ``begin_message``."""
     return b"".join((HEADER.pack(kind, sum(len(part) for part in payload)), *payload))
