@@ -265,6 +265,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--deployment", choices=["own", "default"], default="own", help="own Spark (default), or relayed to a shared server")
+    parser.add_argument("--burst", type=int, default=1, help="points a write comes in, at the same 1,000 points/s (default 1: a trickle)")
     args = parser.parse_args()
     rate, settings = 1_000.0, Settings()
     workload = Workload(1 + int(rate) + int(rate * args.seconds), settings.groups)
@@ -284,7 +285,7 @@ def main() -> None:
             command = dataclasses.replace(command, argv=[python, "-m", "benchmarks.cycle_stages", "--stamped-agent", path, *agent_args])
             warm_log = ENGINE_READY_LOG
         for run in range(args.repeat):
-            result = run_paced(command, init, workload, rate, args.seconds, 1.0, 300, warm_log)
+            result = run_paced(command, init, workload, rate, args.seconds, 1.0, 300, warm_log, None, args.burst)
             if result.latency is None or not os.path.exists(path):
                 sys.exit(f"the run failed: {result.status} {result.error or ''}{'' if os.path.exists(path) else '(no stamps)'}")
             time.sleep(2 * DUMP_INTERVAL)  # the last stamps

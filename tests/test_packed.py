@@ -131,11 +131,11 @@ def test_blob_sizes_are_their_numpy_twin(seed, compiled):
         assert sizes == twin.tolist()
 
 
-def _points(count: int) -> StreamTasks:
+def _points(count: int, start: int = 0) -> StreamTasks:
     from udf_agent import udf_pb2
 
     batch = StreamMicroBatch(opened_at=0)
-    for i in range(count):
+    for i in range(start, start + count):
         host = f"h{i % 3}"
         point = udf_pb2.Point(time=i, name="cpu", group=f"host={host}", dimensions=["host"], tags={"host": host}, fieldsDouble={"value": float(i)}, fieldsInt={"i": i})
         batch.append(point.group, point.SerializeToString())
@@ -158,3 +158,25 @@ def test_compute_stream_is_compute_tasks_in_packed_form(job):
     # The next micro-batch, with the histories the first left.
     later = dataclasses.replace(_points(9), histories=first.histories, states=first.states)
     assert compute_stream(job, later).table(later).equals(compute_tasks(job, later.table()))
+
+
+@pytest.mark.parametrize("udf", [moving_avg, sample.time_sum], ids=["the last rows, vectorized", "a time window, group by group"])
+def test_a_udf_that_names_what_it_reads_keeps_its_history_compact_and_computes_the_same(udf):
+    """Kept for a UDF with ``reads``, a group's history holds a point's time, name, database,
+    retention policy and the columns read, and nothing else (a fraction of its bytes): the
+    next micro-batches compute what they would from the points whole, on both paths."""
+    options = {"field": "value", "size": 3, "as": "avg"} if udf is moving_avg else {"window": 4}
+    jobs = {"reading": Job(dataclasses.replace(udf, reads=["value"]), options), "whole": Job(dataclasses.replace(udf, reads=None), options)}
+    tasks, sent = {name: _points(12) for name in jobs}, 12
+    for count in (9, 5, 14):
+        results = {name: compute_stream(job, tasks[name]) for name, job in jobs.items()}
+        tables = {name: results[name].table(tasks[name]) for name in jobs}
+        assert tables["reading"].drop(["history"]).equals(tables["whole"].drop(["history"]))
+        assert not any(results["reading"].errors.texts())
+        assert tables["reading"].equals(compute_tasks(jobs["reading"], tasks["reading"].table()))
+        compact, whole = results["reading"].histories, results["whole"].histories
+        assert 0 < len(compact.data) < len(whole.data) / 2
+        for kept in compact.tolist():
+            assert b"host" not in kept and b"value" in kept
+        tasks = {name: dataclasses.replace(_points(count, sent), histories=results[name].histories, states=results[name].states) for name in jobs}
+        sent += count

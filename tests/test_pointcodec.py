@@ -17,6 +17,7 @@ from udf_agent.api import Context
 from udf_agent.compute.frame import Layout
 from udf_agent.compute.results import output_points
 from udf_agent.options import OptionValues
+from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
 from udf_agent.wire.batches import GroupRows
 from udf_agent.wire.columns import decode_points
@@ -244,6 +245,40 @@ def test_last_points_of_each_group_are_their_numpy_twin(rows):
     twin_data, twin_lengths = _last_points_twin(headers, starts, rows)
     assert data.tobytes() == twin_data and lengths.tolist() == twin_lengths.tolist()
     assert (lengths == -1).sum() == (3 if rows else len(sizes))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compacted_points_keep_their_time_name_database_retention_policy_and_the_columns_asked_for(seed):
+    """Each compacted point, parsed by protobuf, is its point with only those: every value as
+    it was (NaN, -0.0, the int64 extremes, empty strings, a tag and a field of one name), in
+    groups of the rows asked for, a group of none -1."""
+    rng = random.Random(seed)
+    points = random_points(seed, 80)
+    decoded, _ = pointcodec.decode_with_headers(encoded(points))
+    columns = frozenset(rng.sample(sorted(set(decoded.names) - set(pointcodec._FIXED_COLUMNS)), rng.randrange(0, 4)))
+    sizes = [0, 3, 1, 0, 12, 40, 0]
+    rows = np.array(rng.sample(range(len(points)), sum(sizes)), np.int64)
+    data, lengths = decoded.compacted(rows, np.cumsum(sizes), columns | {cols.FIELD_DOUBLE + "absent"})
+    assert [length == -1 for length in lengths.tolist()] == [size == 0 for size in sizes]
+    assert sum(max(0, length) for length in lengths.tolist()) == len(data)
+    compacts = FrameDecoder(udf_pb2.Point).feed(data.tobytes())
+    assert len(compacts) == len(rows)
+    kept = {name: name[len(cols.column_prefix(name)) :] for name in columns}
+    for row, compact in zip(rows.tolist(), compacts):
+        point = points[row]
+        expected = udf_pb2.Point(time=point.time, name=point.name, database=point.database, retentionPolicy=point.retentionPolicy)
+        for kind, maps in ((cols.TAG, "tags"), (cols.FIELD_DOUBLE, "fieldsDouble"), (cols.FIELD_INT, "fieldsInt"), (cols.FIELD_STRING, "fieldsString"), (cols.FIELD_BOOL, "fieldsBool")):
+            for name, key in kept.items():
+                if name.startswith(kind) and key in getattr(point, maps):
+                    getattr(expected, maps)[key] = getattr(point, maps)[key]
+        assert compact.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+
+
+def test_points_decoded_by_the_reference_are_not_compacted():
+    """Two keys of one 64-bit hash send a micro-batch to the reference decoder: its map entries
+    are not at hand, and the caller keeps the points whole."""
+    decoded = pointcodec.DecodedPoints(decode_points(encoded(random_points(1, 3))))
+    assert decoded.compacted(np.array([0, 1]), np.array([2]), frozenset({cols.FIELD_DOUBLE + "x"})) is None
 
 
 def test_encode_rows_declines_what_it_does_not_write():

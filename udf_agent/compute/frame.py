@@ -67,6 +67,11 @@ def user_frame(points: DecodedPoints, reads: frozenset[str] | None = None) -> tu
     return frame_of(list(columns.values()), tuple(columns), index), plan.layout
 
 
+def read_sources(names: tuple[str, ...], reads: frozenset[str]) -> frozenset[str]:
+    """The decoded columns (of ``names``) that a frame reading ``reads`` is made from."""
+    return frozenset(source for _, sources in _plan(names, reads).columns for source in sources)
+
+
 def frame_of(arrays: list[Any], names: tuple[str, ...], index: pd.Index) -> pd.DataFrame:
     """A frame of ``arrays`` (final dtypes, one per column, as long as ``index``), one block a
     column, the arrays themselves as its values: pandas' constructors check and group them

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from udf_agent.api import Context
 from udf_agent.compute.contract import TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
-from udf_agent.compute.frame import user_frame
+from udf_agent.compute.frame import read_sources, user_frame
 from udf_agent.compute.packed import Blobs, ResultColumns, StreamTasks
 from udf_agent.compute.results import encode_rows_of, output_points
 from udf_agent.wire import columns as cols
@@ -76,7 +76,7 @@ def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
         return _run_vectorized(job, tasks, points, headers, groups, window)
     table = points.table
     return ResultColumns.of_results([
-        _run_group(job, task, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
+        _run_group(job, task, points, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
         for task, start, end, history_rows in zip(tasks.tasks(), starts[:-1], starts[1:], (groups.new_from - starts[:-1]).tolist())
     ])
 
@@ -102,12 +102,14 @@ def _histories_then_points(tasks: StreamTasks) -> tuple[bytes, np.ndarray]:
     return b"".join(parts), np.array(bounds, np.int64)
 
 
-def _run_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None) -> Result:
-    """One group's call; ``points`` are its rows, from row ``first`` of the partition."""
+def _run_group(
+    job: Job, task: Task, partition: DecodedPoints, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int, window: dict[str, int] | None
+) -> Result:
+    """One group's call; ``points`` are its rows, from row ``first`` of the partition's."""
     where = f"group {task.key!r}" if task.key else "the ungrouped data"
     try:
         output, emitted, state = _call_group(job, task, points, headers, first, history_rows)
-        history = _keep_history(points.times, headers, first, window)
+        history = _keep_history(job, partition, headers, first, points.times, window)
         return Result(task.seq, task.key, output, history, state, None, emitted)
     except Exception:
         error = f"UDF {job.spec.name!r} failed on {where}:\n{traceback.format_exc()}"
@@ -124,18 +126,29 @@ def _run_vectorized(
     except Exception:
         error = f"UDF {job.spec.name!r} failed on a partition of {len(keys)} group(s):\n{traceback.format_exc()}"
         return ResultColumns.of_results([Result(task.seq, task.key, None, None, None, error, 0) for task in tasks.tasks()])
-    histories = _keep_histories(points.times, headers, groups.starts, window)
+    histories = _keep_histories(job, points, headers, groups.starts, window)
     nothing = Blobs.missing(len(keys))
     return ResultColumns(Blobs(output, offsets[1:] - offsets[:-1]), histories, nothing, nothing, emitted)
 
 
-def _keep_histories(times: np.ndarray, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> Blobs:
+def _keep_histories(job: Job, points: DecodedPoints, headers: pointcodec.Headers, starts: np.ndarray, window: dict[str, int] | None) -> Blobs:
     """``_keep_history`` for every group at once: group ``i`` is rows ``starts[i]:starts[i + 1]``."""
     count = len(starts) - 1
     if not window:
         return Blobs.missing(count)
     if "rows" not in window:
-        return Blobs.of([_keep_history(times[a:b], headers, a, window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+        times = points.times
+        return Blobs.of([_keep_history(job, points, headers, a, times[a:b], window) for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())])
+    columns = _history_columns(job, points)
+    if columns is not None:
+        # Each group's last rows: the stretch from max(start, end - rows) to its end.
+        firsts = np.maximum(starts[:-1], starts[1:] - window["rows"])
+        counts = starts[1:] - firsts
+        group_ends = np.cumsum(counts)
+        rows = np.arange(int(group_ends[-1]) if count else 0) + np.repeat(firsts - (group_ends - counts), counts)
+        compacted = points.compacted(rows, group_ends, columns)
+        if compacted is not None:
+            return Blobs(*compacted)
     data, lengths = headers.last_points(starts, window["rows"])
     return Blobs(data, lengths)
 
@@ -197,7 +210,7 @@ def _run_stream_task(job: Job, task: Task) -> tuple[bytes, bytes | None, str | N
     history_rows = pointcodec.count_points(history)
     points, headers = pointcodec.decode_with_headers(history + task.data)
     output, emitted, state = _call_group(job, task, points, headers, 0, history_rows)
-    return output, _keep_history(points.times, headers, 0, job.history_window), state, emitted
+    return output, _keep_history(job, points, headers, 0, points.times, job.history_window), state, emitted
 
 
 def _call_group(job: Job, task: Task, points: DecodedPoints, headers: pointcodec.Headers, first: int, history_rows: int) -> tuple[bytes, int, str | None]:
@@ -308,10 +321,10 @@ def _dump_state(state: Any) -> str | None:
         raise TypeError(f"ctx.state must hold JSON values only (str, int, float, bool, None, lists, dicts): {exc}") from None
 
 
-def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, window: dict[str, int] | None) -> bytes | None:
+def _keep_history(job: Job, partition: DecodedPoints, headers: pointcodec.Headers, first: int, times: np.ndarray, window: dict[str, int] | None) -> bytes | None:
     """The group's points to prepend to its next frame, as length-prefixed point bytes.
 
-    ``times`` are the group's rows, row ``first`` on in ``headers``.
+    ``times`` are the group's rows, row ``first`` on in ``partition`` (and ``headers``).
     """
     if not window or len(times) == 0:
         return None
@@ -319,6 +332,20 @@ def _keep_history(times: np.ndarray, headers: pointcodec.Headers, first: int, wi
         rows = np.arange(max(0, len(times) - window["rows"]), len(times))
     else:
         rows = np.flatnonzero(times >= times.max() - window["ns"])
-    return headers.points_bytes(rows + first) if len(rows) else None
+    if not len(rows):
+        return None
+    columns = _history_columns(job, partition)
+    compacted = None if columns is None else partition.compacted(rows + first, np.array([len(rows)]), columns)
+    return headers.points_bytes(rows + first) if compacted is None else compacted[0].tobytes()
+
+
+def _history_columns(job: Job, points: DecodedPoints) -> frozenset[str] | None:
+    """What a group's kept points need besides their time, name, database and retention
+    policy (``DecodedPoints.compacted``): the tags and fields its frames are made of, when the
+    UDF declares what it reads; None keeps the points whole. Kept compact, a group's history
+    is a fraction of the points as received: less state to hold and checkpoint, and less to
+    ship to the worker with each micro-batch."""
+    reads = job.frame_columns
+    return None if reads is None else read_sources(tuple(points.names), reads)
 
 

@@ -386,6 +386,96 @@ def _last_points(buf: Any, points: Any, starts: Any, rows: int) -> tuple[Any, An
     return data, lengths
 
 
+@njit(cache=True, nogil=True)
+def _compact_size(time: Any, strings: Any, entry_field: Any, entry_key: Any, entry_value: Any, entry_number: Any, keep: Any, first_entry: Any, point: int) -> int:
+    """The body size of ``point`` as ``_compact`` writes it."""
+    size = 1 + _varint_size(time[point])
+    for k in range(3):
+        length = strings[point, 2 * k + 1] - strings[point, 2 * k]
+        if length > 0:
+            size += 1 + _varint_size(length) + length
+    for entry in range(first_entry[point], first_entry[point + 1]):
+        if keep[entry]:
+            size += 1 + _varint_size(_compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry))
+            size += _compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry)
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _compact_entry_body(entry_field: Any, entry_key: Any, entry_value: Any, entry_number: Any, entry: int) -> int:
+    key_size = entry_key[entry, 1] - entry_key[entry, 0]
+    body = 1 + _varint_size(key_size) + key_size
+    field = entry_field[entry]
+    if field == _DOUBLES:
+        return body + 9
+    if field == _INTS or field == _BOOLS:
+        return body + 1 + _varint_size(entry_number[entry])
+    value_size = entry_value[entry, 1] - entry_value[entry, 0]
+    return body + 1 + _varint_size(value_size) + value_size
+
+
+@njit(cache=True, nogil=True)
+def _put_bytes(out: Any, pos: int, buf: Any, start: int, end: int) -> int:
+    """A length-delimited value: its length, then ``buf[start:end]``."""
+    pos = _put_varint(out, pos, end - start)
+    out[pos : pos + end - start] = buf[start:end]
+    return pos + end - start
+
+
+@njit(cache=True, nogil=True)
+def _compact(
+    buf: Any, time: Any, strings: Any, entry_field: Any, entry_key: Any, entry_value: Any, entry_number: Any, keep: Any, first_entry: Any, rows: Any, group_ends: Any
+) -> tuple[Any, Any]:
+    """``DecodedPoints.compacted``: each point of ``rows`` re-encoded with its time, name,
+    database, retention policy and ``keep``'s map entries, length-prefixed; and each group's
+    bytes (-1 for a group of no rows)."""
+    sizes = np.empty(rows.shape[0], np.int64)
+    total = 0
+    for i in range(rows.shape[0]):
+        sizes[i] = _compact_size(time, strings, entry_field, entry_key, entry_value, entry_number, keep, first_entry, rows[i])
+        total += _varint_size(sizes[i]) + sizes[i]
+    out = np.empty(total, np.uint8)
+    lengths = np.empty(group_ends.shape[0], np.int64)
+    pos = 0
+    row = 0
+    for group in range(group_ends.shape[0]):
+        group_start = pos
+        lengths[group] = -1 if row == group_ends[group] else 0
+        while row < group_ends[group]:
+            point = rows[row]
+            pos = _put_varint(out, pos, sizes[row])
+            out[pos] = 0x08  # time
+            pos = _put_varint(out, pos + 1, time[point])
+            for k in range(3):  # name, database, retention policy: fields 2-4
+                if strings[point, 2 * k + 1] > strings[point, 2 * k]:
+                    out[pos] = ((k + 2) << 3) | 2
+                    pos = _put_bytes(out, pos + 1, buf, strings[point, 2 * k], strings[point, 2 * k + 1])
+            for entry in range(first_entry[point], first_entry[point + 1]):
+                if not keep[entry]:
+                    continue
+                field = entry_field[entry]
+                out[pos] = (field << 3) | 2
+                pos = _put_varint(out, pos + 1, _compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry))
+                out[pos] = 0x0A  # the key
+                pos = _put_bytes(out, pos + 1, buf, entry_key[entry, 0], entry_key[entry, 1])
+                if field == _DOUBLES:
+                    out[pos] = 0x11
+                    bits = np.uint64(entry_number[entry])
+                    for b in range(8):
+                        out[pos + 1 + b] = np.uint8((bits >> np.uint64(8 * b)) & np.uint64(0xFF))
+                    pos += 9
+                elif field == _INTS or field == _BOOLS:
+                    out[pos] = 0x10
+                    pos = _put_varint(out, pos + 1, entry_number[entry])
+                else:
+                    out[pos] = 0x12
+                    pos = _put_bytes(out, pos + 1, buf, entry_value[entry, 0], entry_value[entry, 1])
+            row += 1
+        if lengths[group] == 0:
+            lengths[group] = pos - group_start
+    return out, lengths
+
+
 def count_points(data: bytes) -> int:
     """How many length-prefixed points ``data`` holds; ProtocolError if one does not parse."""
     points, _, _, bad = _count(np.frombuffer(data, dtype=np.uint8))
@@ -434,6 +524,26 @@ class DecodedPoints:
             return self._columns.time
         times: np.ndarray = self.table.column(cols.TIME).to_numpy(zero_copy_only=False)
         return times
+
+    def compacted(self, rows: np.ndarray, group_ends: np.ndarray, columns: frozenset[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The points at ``rows`` with only their time, name, database, retention policy and
+        the tags and fields among ``columns`` (decoded column names), re-encoded and
+        length-prefixed, group after group (group ``g`` is ``rows[group_ends[g - 1]:group_ends[g]]``);
+        and each group's bytes (-1 for a group of no rows). None when these points were
+        decoded by the reference (``decode_points``): their map entries are not at hand."""
+        found = self._columns
+        if found is None:
+            return None
+        keep = np.zeros(len(found.entry_point), np.bool_)
+        for name in columns:
+            column = found.sparse.get(name)
+            if column is not None:
+                keep[column[1]] = True
+        first_entry = np.searchsorted(found.entry_point, np.arange(found.count + 1))
+        return _compact(
+            found.buf, found.time, found.strings, found.entry_field, found.entry_key, found.entry_value, found.entry_number,
+            keep, first_entry, np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(group_ends, np.int64),
+        )
 
     @property
     def table(self) -> pa.Table:
@@ -604,7 +714,7 @@ class _Columns:
         self.buf = buf
         (
             bad, bad_text, found, self.time, self.strings, self.by_name, self.header, self.span, self.named, self.dim_point, self.dim_span,
-            self.entry_point, self.entry_field, entry_key, self.entry_value, self.entry_number, entry_hash, first, order, bounds, self.same_keys,
+            self.entry_point, self.entry_field, self.entry_key, self.entry_value, self.entry_number, entry_hash, first, order, bounds, self.same_keys,
         ) = _decode_all(buf, _FEW_COLUMNS)
         if bad >= 0:
             raise ProtocolError(f"point {bad + 1} of this micro-batch's group is not a valid Point")
@@ -614,10 +724,10 @@ class _Columns:
         if found < 0:  # many distinct keys: sort them instead
             _, first, column_of_entry = np.unique(entry_hash, return_index=True, return_inverse=True)
             order, bounds = _entries_by_column(column_of_entry, len(first))
-            self.same_keys = _same_keys(buf, entry_key, first[column_of_entry])
+            self.same_keys = _same_keys(buf, self.entry_key, first[column_of_entry])
         # Each tag and field column by name, sorted (map order differs between processes,
         # the table must not): its map field and its entries, in point order.
-        fields, keys, bounds = self.entry_field[first].tolist(), entry_key[first].tolist(), bounds.tolist()
+        fields, keys, bounds = self.entry_field[first].tolist(), self.entry_key[first].tolist(), bounds.tolist()
         sparse = {_PREFIX[field] + raw[start:end].decode(): (field, order[bounds[column] : bounds[column + 1]]) for column, (field, (start, end)) in enumerate(zip(fields, keys))}
         self.sparse = dict(sorted(sparse.items()))
 
