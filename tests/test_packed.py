@@ -180,3 +180,18 @@ def test_a_udf_that_names_what_it_reads_keeps_its_history_compact_and_computes_t
             assert b"host" not in kept and b"value" in kept
         tasks = {name: dataclasses.replace(_points(count, sent), histories=results[name].histories, states=results[name].states) for name in jobs}
         sent += count
+
+
+@pytest.mark.parametrize("count", [3, 40], ids=["a few items (walked in Python)", "many (compiled)"])
+def test_alternated_items_lie_one_after_another_in_one_buffer_with_their_bounds(count):
+    """A stream slice's histories then points, group after group (``compute_stream``): missing
+    and empty items take no bytes and still have their bounds."""
+    from udf_agent.compute.packed import alternated
+
+    rng = np.random.default_rng(count)
+    first = [None if rng.random() < 0.3 else bytes(rng.integers(0, 256, rng.integers(0, 9), np.uint8)) for _ in range(count)]
+    second = [bytes(rng.integers(0, 256, rng.integers(0, 9), np.uint8)) for _ in range(count)]
+    joined, bounds = alternated(Blobs.of(first), Blobs.of(second))
+    items = [item for pair in zip(first, second) for item in pair]
+    assert joined == b"".join(item or b"" for item in items)
+    assert bounds.tolist() == [0, *np.cumsum([len(item or b"") for item in items]).tolist()]

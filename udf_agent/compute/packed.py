@@ -217,9 +217,65 @@ def blob_sizes(lengths: Any, limit: int) -> Any:
     return sizes
 
 
+def alternated(first: Blobs, second: Blobs) -> tuple[bytes, np.ndarray]:
+    """Item 0 of ``first`` then of ``second``, item 1 of each, and so on, in one buffer (a
+    missing item as empty); and where each item begins in it, then the end."""
+    if len(first) > FEW_ROWS:
+        joined, bounds = _alternated(*(_read_only(array) for array in (np.frombuffer(first.data, np.uint8), first.lengths, np.frombuffer(second.data, np.uint8), second.lengths)))
+        return joined.tobytes(), bounds
+    # A trickle's few groups: one walk over the lengths as Python ints costs less than the
+    # compiled call's arguments.
+    parts: list[memoryview] = []
+    bounds = [0]
+    first_at = second_at = joined_at = 0
+    for first_length, second_length in zip(first.lengths.tolist(), second.lengths.tolist()):
+        first_length, second_length = max(first_length, 0), max(second_length, 0)
+        parts.append(first.data[first_at : first_at + first_length])
+        parts.append(second.data[second_at : second_at + second_length])
+        first_at += first_length
+        second_at += second_length
+        bounds.append(joined_at + first_length)
+        joined_at += first_length + second_length
+        bounds.append(joined_at)
+    return b"".join(parts), np.array(bounds, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _alternated(first: Any, first_lengths: Any, second: Any, second_lengths: Any) -> tuple[Any, Any]:
+    """``alternated`` for many items: a Python walk took 2 µs an item (100 groups of a burst, 0.2 ms)."""
+    count = first_lengths.shape[0]
+    joined = np.empty(first.shape[0] + second.shape[0], np.uint8)
+    bounds = np.empty(2 * count + 1, np.int64)
+    bounds[0] = 0
+    first_at = second_at = pos = 0
+    for i in range(count):
+        length = max(first_lengths[i], 0)
+        joined[pos : pos + length] = first[first_at : first_at + length]
+        first_at += length
+        pos += length
+        bounds[2 * i + 1] = pos
+        length = max(second_lengths[i], 0)
+        joined[pos : pos + length] = second[second_at : second_at + length]
+        second_at += length
+        pos += length
+        bounds[2 * i + 2] = pos
+    return joined[:pos], bounds
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view: numba compiles a function once for read-only arrays and once more for
+    writable ones, and what a link receives may be either."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def warm_up() -> None:
-    """Compiles (or loads from numba's cache) ``blob_sizes``, off the path of the first micro-batch."""
-    blob_sizes(np.frombuffer(bytes(INTEGERS.itemsize), INTEGERS).reshape(1, 1), 0)
+    """Compiles (or loads from numba's cache) ``blob_sizes`` and ``_alternated``, off the path of the first micro-batch."""
+    lengths = np.frombuffer(bytes(INTEGERS.itemsize), INTEGERS)
+    blob_sizes(lengths.reshape(1, 1), 0)
+    none = np.frombuffer(b"", np.uint8)
+    _alternated(none, lengths, none, lengths)
 
 
 @dataclass

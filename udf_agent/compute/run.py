@@ -20,7 +20,7 @@ import pyarrow as pa
 from udf_agent.api import Context
 from udf_agent.compute.contract import TASK_SCHEMA, Job, Result, Task, results_table, tasks_of
 from udf_agent.compute.frame import read_sources, user_frame
-from udf_agent.compute.packed import Blobs, ResultColumns, StreamTasks
+from udf_agent.compute.packed import Blobs, ResultColumns, StreamTasks, alternated
 from udf_agent.compute.results import encode_rows_of, output_points
 from udf_agent.wire import columns as cols
 from udf_agent.wire import pointcodec
@@ -62,7 +62,7 @@ def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
     its results row for row; ``compute_tasks`` of its task table, in packed form."""
     if not len(tasks):
         return ResultColumns.of_results([])
-    joined, part_bounds = _histories_then_points(tasks)
+    joined, part_bounds = alternated(tasks.histories, tasks.data)  # each group's kept history, then its new points
     try:
         points, headers = pointcodec.decode_with_headers(joined)
         # Where each group's history and new points begin, as point numbers.
@@ -79,27 +79,6 @@ def compute_stream(job: Job, tasks: StreamTasks) -> ResultColumns:
         _run_group(job, task, points, DecodedPoints(table.slice(start, end - start)), headers, int(start), history_rows, window)
         for task, start, end, history_rows in zip(tasks.tasks(), starts[:-1], starts[1:], (groups.new_from - starts[:-1]).tolist())
     ])
-
-
-def _histories_then_points(tasks: StreamTasks) -> tuple[bytes, np.ndarray]:
-    """Each group's kept history then its new points, group after group, as one buffer; and
-    where each of those parts begins (then the end)."""
-    histories, data = tasks.histories.data, tasks.data.data
-    parts: list[memoryview] = []
-    bounds = [0]
-    history_at = data_at = joined = 0
-    # One walk over the lengths as Python ints: a trickle's few groups cost less so than
-    # the cumulative sums and views numpy would make of them.
-    for history_length, data_length in zip(tasks.histories.lengths.tolist(), tasks.data.lengths.tolist()):
-        history_length = max(history_length, 0)  # a group with no history yet
-        parts.append(histories[history_at : history_at + history_length])
-        parts.append(data[data_at : data_at + data_length])
-        history_at += history_length
-        data_at += data_length
-        bounds.append(joined + history_length)
-        joined += history_length + data_length
-        bounds.append(joined)
-    return b"".join(parts), np.array(bounds, np.int64)
 
 
 def _run_group(
