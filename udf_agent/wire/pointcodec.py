@@ -814,3 +814,4 @@ def warm_up() -> None:
     sample = pd.DataFrame({"f": [1.0], "n": [1], "b": [True]})
     encode_rows(headers, np.zeros(1, np.int64), [(name, sample[name].to_numpy()) for name in sample.columns])
     headers.last_points(np.array([0, 1], np.int64), 1)
+    points.compacted(np.zeros(1, np.int64), np.ones(1, np.int64), frozenset({cols.FIELD_DOUBLE + "f"}))
