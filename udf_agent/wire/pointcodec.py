@@ -396,8 +396,8 @@ def _compact_size(time: Any, strings: Any, entry_field: Any, entry_key: Any, ent
             size += 1 + _varint_size(length) + length
     for entry in range(first_entry[point], first_entry[point + 1]):
         if keep[entry]:
-            size += 1 + _varint_size(_compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry))
-            size += _compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry)
+            body = _compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry)
+            size += 1 + _varint_size(body) + body
     return size
 
 
@@ -406,10 +406,8 @@ def _compact_entry_body(entry_field: Any, entry_key: Any, entry_value: Any, entr
     key_size = entry_key[entry, 1] - entry_key[entry, 0]
     body = 1 + _varint_size(key_size) + key_size
     field = entry_field[entry]
-    if field == _DOUBLES:
-        return body + 9
-    if field == _INTS or field == _BOOLS:
-        return body + 1 + _varint_size(entry_number[entry])
+    if field == _DOUBLES or field == _INTS or field == _BOOLS:
+        return body + _number_size(field, entry_number[entry])
     value_size = entry_value[entry, 1] - entry_value[entry, 0]
     return body + 1 + _varint_size(value_size) + value_size
 
@@ -458,15 +456,8 @@ def _compact(
                 pos = _put_varint(out, pos + 1, _compact_entry_body(entry_field, entry_key, entry_value, entry_number, entry))
                 out[pos] = 0x0A  # the key
                 pos = _put_bytes(out, pos + 1, buf, entry_key[entry, 0], entry_key[entry, 1])
-                if field == _DOUBLES:
-                    out[pos] = 0x11
-                    bits = np.uint64(entry_number[entry])
-                    for b in range(8):
-                        out[pos + 1 + b] = np.uint8((bits >> np.uint64(8 * b)) & np.uint64(0xFF))
-                    pos += 9
-                elif field == _INTS or field == _BOOLS:
-                    out[pos] = 0x10
-                    pos = _put_varint(out, pos + 1, entry_number[entry])
+                if field == _DOUBLES or field == _INTS or field == _BOOLS:
+                    pos = _put_number(out, pos, field, entry_number[entry])
                 else:
                     out[pos] = 0x12
                     pos = _put_bytes(out, pos + 1, buf, entry_value[entry, 0], entry_value[entry, 1])
@@ -534,12 +525,7 @@ class DecodedPoints:
         found = self._columns
         if found is None:
             return None
-        keep = np.zeros(len(found.entry_point), np.bool_)
-        for name in columns:
-            column = found.sparse.get(name)
-            if column is not None:
-                keep[column[1]] = True
-        first_entry = np.searchsorted(found.entry_point, np.arange(found.count + 1))
+        keep, first_entry = found.kept_entries(columns)
         return _compact(
             found.buf, found.time, found.strings, found.entry_field, found.entry_key, found.entry_value, found.entry_number,
             keep, first_entry, np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(group_ends, np.int64),
@@ -596,9 +582,27 @@ def _put_varint(out: Any, pos: int, value: Any) -> int:
 @njit(cache=True, nogil=True)
 def _entry_size(field: int, key_size: int, number: Any) -> int:
     """A map entry with its field key and length: key 1 (the name), value 2."""
-    value = 9 if field == 8 else 1 + _varint_size(number)
-    body = 1 + _varint_size(key_size) + key_size + value
+    body = 1 + _varint_size(key_size) + key_size + _number_size(field, number)
     return 1 + _varint_size(body) + body
+
+
+@njit(cache=True, nogil=True)
+def _number_size(field: int, number: Any) -> int:
+    """A numeric map entry's value (2) with its key: a double's 8 bytes, else a varint."""
+    return 9 if field == _DOUBLES else 1 + _varint_size(number)
+
+
+@njit(cache=True, nogil=True)
+def _put_number(out: Any, pos: int, field: int, number: Any) -> int:
+    """``_number_size``'s bytes: a double's 64 bits little-endian, an int's or bool's varint."""
+    if field == _DOUBLES:
+        out[pos] = 0x11
+        bits = np.uint64(number)
+        for b in range(8):
+            out[pos + 1 + b] = np.uint8((bits >> np.uint64(8 * b)) & np.uint64(0xFF))
+        return pos + 9
+    out[pos] = 0x10
+    return _put_varint(out, pos + 1, number)
 
 
 @njit(cache=True, nogil=True)
@@ -648,23 +652,13 @@ def _encode(
                     continue
                 key_size = key_offsets[c + 1] - key_offsets[c]
                 number = numbers[i, c]
-                value = 9 if field == 8 else 1 + _varint_size(number)
-                body = 1 + _varint_size(key_size) + key_size + value
+                body = 1 + _varint_size(key_size) + key_size + _number_size(field, number)
                 out[pos] = (field << 3) | 2
                 pos = _put_varint(out, pos + 1, body)
                 out[pos] = 0x0A
                 pos = _put_varint(out, pos + 1, key_size)
                 out[pos : pos + key_size] = keys[key_offsets[c] : key_offsets[c + 1]]
-                pos += key_size
-                if field == 8:
-                    out[pos] = 0x11
-                    bits = np.uint64(number)
-                    for b in range(8):
-                        out[pos + 1 + b] = np.uint8((bits >> np.uint64(8 * b)) & np.uint64(0xFF))
-                    pos += 9
-                else:
-                    out[pos] = 0x10
-                    pos = _put_varint(out, pos + 1, number)
+                pos = _put_number(out, pos + key_size, field, number)
         ends[i] = pos
     return out, ends, True
 
@@ -730,9 +724,23 @@ class _Columns:
         fields, keys, bounds = self.entry_field[first].tolist(), self.entry_key[first].tolist(), bounds.tolist()
         sparse = {_PREFIX[field] + raw[start:end].decode(): (field, order[bounds[column] : bounds[column + 1]]) for column, (field, (start, end)) in enumerate(zip(fields, keys))}
         self.sparse = dict(sorted(sparse.items()))
+        self._kept: tuple[frozenset[str], np.ndarray, np.ndarray] | None = None
 
     def names(self) -> list[str]:
         return [*_FIXED_COLUMNS, *self.sparse]
+
+    def kept_entries(self, columns: frozenset[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Which map entries belong to ``columns``, and where each point's entries begin (then
+        the end). Worked out once per set of columns: a time window's histories are compacted
+        group by group, and each call over the whole slice made that quadratic."""
+        if self._kept is None or self._kept[0] != columns:
+            keep = np.zeros(len(self.entry_point), np.bool_)
+            for name in columns:
+                column = self.sparse.get(name)
+                if column is not None:
+                    keep[column[1]] = True
+            self._kept = (columns, keep, np.searchsorted(self.entry_point, np.arange(self.count + 1)))
+        return self._kept[1], self._kept[2]
 
     def table(self) -> pa.Table:
         buf, n = self.buf, self.count
