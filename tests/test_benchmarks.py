@@ -258,19 +258,24 @@ def test_kapacitor_harness_splits_a_trees_cpu_by_process_and_tells_each_by_its_c
     assert role_of(["/venv/bin/python", "-m", "udf_agent", "shared-server", "--socket", "s"]) == "shared server"
     assert role_of(["/venv/bin/python", "-u", "moving_avg.py"]) == "the task's process"
     timeline = CPUTimeline(lambda: [os.getpid()])  # pytest itself: "the task's process"
+
+    def sampled_after(moment: float) -> None:  # however late a busy machine runs the sampler
+        while not timeline.samples or timeline.samples[-1][0] < moment:
+            time.sleep(0.01)
+
     try:
-        time.sleep(0.25)
         start = time.monotonic()
+        sampled_after(start)  # the samples nearest ``start`` all came before the spin
         spun_until = time.process_time() + 0.3  # CPU, not wall time: a busy machine spins as long
         while time.process_time() < spun_until:
             pass
-        time.sleep(0.25)
+        sampled_after(time.monotonic())  # ... and those nearest ``end`` after it
         end = time.monotonic()
     finally:
         timeline.stop()
     used = timeline.by_role(start, end)
     assert list(used) == ["the task's process"]
-    assert 0.25 < used["the task's process"] < 0.6  # the 0.3 s spun, the samples 0.1 s apart
+    assert 0.28 < used["the task's process"] < 0.6  # the 0.3 s spun, read in 10 ms ticks
 
 
 def test_a_paced_runs_micro_batch_figures_come_from_the_agents_metrics_page():

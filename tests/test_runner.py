@@ -206,3 +206,36 @@ def test_an_error_of_the_runners_own_taking_the_next_micro_batch_fails_the_task_
     runner.take_next = lambda: _micro_batch([(1, "b")])
     with pytest.raises(RuntimeError, match="cannot group it"):
         runner.run(Compute(first))
+
+
+class _SlowChain(LocalEngine):
+    """Takes the next micro-batch as a chain does, then computes the first for ``SLOW_CALL`` s,
+    noting what the runner shows it holds meanwhile."""
+
+    held_meanwhile: list[StreamMicroBatch | None] = []
+
+    def chain_stream(self, job, tasks, tenant, follow):  # type: ignore[no-untyped-def]
+        follow()  # the second shares the first's group: held, not chained
+        time.sleep(SLOW_CALL)
+        self.held_meanwhile.append(self.runner.held)  # type: ignore[attr-defined]
+        yield self.run_stream(job, tasks, tenant)
+
+
+SLOW_CALL = 0.3
+
+
+def test_a_micro_batch_taken_while_one_computes_and_held_shows_its_wait():
+    """A micro-batch taken to chain and held (it shares a group with the one out) is in no
+    queue while the first computes: the task shows it waiting (falling behind, the points left
+    if abandoned), and its input lag counts until it is computed, not until it was taken."""
+    engine = _SlowChain()
+    runner = _moving_avg_runner(Engines(lambda: engine))
+    engine.runner = runner  # type: ignore[attr-defined]
+    second = _micro_batch([(1, "a")])
+    queued = [second]
+    runner.take_next = lambda: queued.pop() if queued else None
+    runner.run(Compute(_micro_batch([(0, "a")])))
+    assert engine.held_meanwhile == [second, None]
+    assert runner.held is None  # computed since
+    assert runner.stats.input_lag >= SLOW_CALL  # the second's, taken at once and computed after the first
+    assert _output_times(runner.writer.frames) == [0, 1]  # type: ignore[attr-defined]

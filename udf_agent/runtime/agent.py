@@ -127,7 +127,8 @@ class Agent:
         the ErrorResponse of a protocol error if there was one."""
         with self._work.cond:
             self.runner.abandoned = True
-            not_computed = self.runner.computing + self.inbox.points_waiting()
+            held = self.runner.held
+            not_computed = self.runner.computing + (held.count if held is not None else 0) + self.inbox.points_waiting()
             self._work.clear()
             self.inbox.compute_done.set()
             self._work.cond.notify_all()
@@ -212,6 +213,9 @@ class Agent:
         with self._work.cond:
             opened = self._work.opened()
             pending = self.session.open_micro_batch()
+        held = self.runner.held
+        if held is not None:
+            opened.append(held.opened_at)
         if pending is not None:
             opened.append(pending[0])
         return self.stats.falling_behind(time.monotonic(), min(opened, default=None), self.config.flush_interval)

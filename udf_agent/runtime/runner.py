@@ -3,7 +3,7 @@ kept, the output written in order; snapshots, restores and checkpoints of that s
 
 It holds no lock: the agent's work queue hands it one item at a time, in the order the input
 came, and nothing else touches what it owns (the task's UDF job or Handler, its group store).
-The agent reads ``computing`` and sets ``abandoned``, each a single attribute.
+The agent reads ``computing`` and ``held`` and sets ``abandoned``, each a single attribute.
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ class MicroBatchRunner:
         self._compute_batch: Callable[[MicroBatch], None] = self._not_adopted
         self._prepared: _Prepared | None = None  # the UDF's job and kind of task tables, at the first micro-batch
         self.computing = 0  # points of the micro-batches being computed
+        # A micro-batch taken to chain and not chained: it waits here, not in the agent's
+        # queue, until the one computing is done (the task's status counts its wait).
+        self.held: MicroBatch | None = None
         self.abandoned = False  # the agent gave up waiting: drop the rest
         # The next micro-batch, taken while one computes if it is the next work and ready now
         # (the agent's: it reads the input ahead for it), to chain behind it on the engine.
@@ -161,12 +164,18 @@ class MicroBatchRunner:
 
     def _compute(self, batch: MicroBatch) -> None:
         link: _Link | None = self._take(batch)
-        while link is not None:
-            chained = link.task_tables.single_slice()
-            if chained is None:
-                self._compute_link(link)
-                return
-            link = self._compute_chain(link, chained)
+        try:
+            while link is not None:
+                chained = link.task_tables.single_slice()
+                if chained is None:
+                    self._compute_link(link)
+                    return
+                link = self._compute_chain(link, chained)
+                if link is not None:  # held while the chain computed: its input waited until now
+                    self.held = None
+                    self.stats.micro_batch_taken(time.monotonic() - link.batch.opened_at)
+        finally:
+            self.held = None
 
     def _take(self, batch: MicroBatch) -> _Link:
         spec = self._loaded()
@@ -221,7 +230,7 @@ class MicroBatchRunner:
                 raise
             following = link.task_tables.single_slice() if link.engine is first.engine else None
             if following is None or following.payload_bytes() > CHAINED_SLICE_BYTES or any(not set(following.keys).isdisjoint(sent.keys) for _, sent in out):
-                unchained = link
+                unchained, self.held = link, batch
                 return None
             out.append((link, following))
             self.computing += batch.count
