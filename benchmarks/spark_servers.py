@@ -33,19 +33,33 @@ def accepts(port: int) -> bool:
         return False
 
 
-class Daemons:
-    """Spark server processes, each in its own process group; ``stop`` kills every one."""
+# The Python environment whose pyspark runs the Spark Connect server, when not this one's: a
+# Spark 3.5 client is tested against a 4.x server (pip's pyspark 3.5 has no Connect server; its
+# jar comes from Maven Central). Its Python runs the server's executors' workers too.
+CONNECT_SERVER_PYTHON = "UDF_AGENT_CONNECT_SERVER_PYTHON"
 
-    def __init__(self, work: Path):
+
+def _spark_home(python: str) -> str:
+    if python == sys.executable:
         import pyspark
 
-        self.spark_home = os.path.dirname(pyspark.__file__)
+        return os.path.dirname(pyspark.__file__)
+    found = subprocess.run([python, "-c", "import os, pyspark; print(os.path.dirname(pyspark.__file__))"], capture_output=True, text=True, check=True)
+    return found.stdout.strip()
+
+
+class Daemons:
+    """Spark server processes, each in its own process group; ``stop`` kills every one. They
+    run this environment's pyspark, or ``python``'s."""
+
+    def __init__(self, work: Path, python: str = sys.executable):
+        self.spark_home = _spark_home(python)
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
-        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": sys.executable}
+        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOG_DIR": str(work), "PYSPARK_PYTHON": python}
         # Their JVMs run from the same jars as the agent's: they map its class archive, if
         # built (udf-agent prepare), as a host's own daemons can (docs/deployment.md).
-        self.java_options = java_option(find_java())
+        self.java_options = java_option(find_java()) if python == sys.executable else ""
         if self.java_options:
             self.env["SPARK_DAEMON_JAVA_OPTS"] = self.java_options
         self.started: list[subprocess.Popen[bytes]] = []
@@ -121,8 +135,9 @@ def standalone_cluster(work: Path, workers: int = 1, cores: int = 2, memory: str
 @contextlib.contextmanager
 def connect_server(work: Path, master: str = "local[2]", conf: dict[str, str] | None = None) -> Iterator[tuple[str, Daemons]]:
     """The URL of a Spark Connect server (``master`` behind it, ``conf`` its own settings)
-    once it listens. ``restart_connect_server`` kills it and starts it again on its port."""
-    daemons = Daemons(work)
+    once it listens, run by the pyspark of $UDF_AGENT_CONNECT_SERVER_PYTHON if set, else this
+    environment's. ``restart_connect_server`` kills it and starts it again on its port."""
+    daemons = Daemons(work, os.environ.get(CONNECT_SERVER_PYTHON) or sys.executable)
     port = free_port()
     settings = {"spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1", "spark.ui.enabled": "false", **(conf or {})}
     try:

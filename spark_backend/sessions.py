@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from spark_backend.settings import SparkSettings, agent_conf
@@ -110,6 +110,17 @@ def open_session(settings: SparkSettings) -> SparkSession:
     if settings.remote:
         return ConnectSession.open(settings)
     return ClassicSession.open(settings)
+
+
+def _limit_retries(client: Any, retries: int) -> None:
+    """At most ``retries`` retries of a call the server does not answer: Spark 4's client takes
+    retry policies, 3.5's one dict of settings (found by what the client has, not its version)."""
+    if hasattr(client, "set_retry_policies"):
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        client.set_retry_policies([DefaultPolicy(max_retries=retries)])
+    else:
+        client._retry_policy["max_retries"] = retries
 
 
 def check_reachable(url: str) -> None:
@@ -284,7 +295,6 @@ class ConnectSession:
 
     @classmethod
     def open(cls, settings: SparkSettings) -> ConnectSession:
-        from pyspark.sql.connect.client.retries import DefaultPolicy
         from pyspark.sql.connect.session import SparkSession as Builder
 
         url = settings.remote or ""
@@ -293,7 +303,7 @@ class ConnectSession:
         try:
             # A new session each time: a session the server closed is never handed back.
             session = Builder.builder.remote(url).create()
-            session.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES)])
+            _limit_retries(session.client, CONNECT_RETRIES)
             for key, value in settings.conf.items():
                 session.conf.set(key, value)  # runtime settings only: the server owns the rest
             version = session.version

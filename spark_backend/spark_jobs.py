@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -19,21 +21,37 @@ from udf_agent.compute.contract import RESULT_SCHEMA, TASK_SCHEMA, Job, spark_dd
 from udf_agent.compute.run import run_partition
 from udf_agent.errors import first_line
 
-# What a Spark job per micro-batch declares: the compute contract's own schemas.
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What a Spark job per micro-batch declares: the compute contract's own schemas, the results'
+# text as UTF-8 bytes: Spark 4's Python workers fail to convert a string column of mapInPandas
+# output for a Spark 3.5 Connect client, and bytes cross every pairing of client and server.
 TASK_DDL = spark_ddl(TASK_SCHEMA)
-RESULT_DDL = spark_ddl(RESULT_SCHEMA)
+TEXT_COLUMNS = tuple(f.name for f in RESULT_SCHEMA if pa.types.is_string(f.type))
+RESULT_DDL = spark_ddl(pa.schema([pa.field(f.name, pa.binary()) if f.name in TEXT_COLUMNS else f for f in RESULT_SCHEMA]))
 
 # How often a micro-batch running as a Spark job checks whether a resident worker connected.
 CANCEL_CHECK_INTERVAL = 0.5
 
 
+def run_partition_text_as_bytes(job: Job, frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """``run_partition`` on an executor, its results' text columns encoded (RESULT_DDL)."""
+    for results in run_partition(job, frames):
+        for column in TEXT_COLUMNS:
+            results[column] = [value.encode() if isinstance(value, str) else None for value in results[column]]
+        yield results
+
+
 def run_as_job(session: SparkSession, job: Job, tasks: pa.Table) -> pa.Table:
     """The micro-batch's results, in task order, from one Spark job."""
     frame = session.dataframes.createDataFrame(tasks.to_pandas(), schema=TASK_DDL)
-    results = frame.mapInPandas(functools.partial(run_partition, job), schema=RESULT_DDL).toPandas()
+    results = frame.mapInPandas(functools.partial(run_partition_text_as_bytes, job), schema=RESULT_DDL).toPandas()
     results = results.sort_values("seq", kind="stable").reset_index(drop=True)
     for column in ("output", "history"):
         results[column] = [bytes(v) if v is not None else None for v in results[column]]
+    for column in TEXT_COLUMNS:
+        results[column] = [bytes(v).decode() if v is not None else None for v in results[column]]
     return pa.Table.from_pandas(results[RESULT_SCHEMA.names], schema=RESULT_SCHEMA, preserve_index=False)
 
 

@@ -270,7 +270,10 @@ def test_gather_reaches_the_agent_and_its_session():
 
 @pytest.mark.parametrize("command", ["run", "serve", "replay"])
 def test_remote_without_the_connect_client_says_what_to_install_before_doing_any_work(runner, monkeypatch, command):
-    monkeypatch.setitem(sys.modules, "grpc", None)  # as after the README's plain install
+    from udf_agent import versions
+
+    present = versions.installed
+    monkeypatch.setattr(versions, "installed", lambda package: None if package == "grpcio" else present(package))  # as after the README's plain install
     args = {"run": ["run", "moving_avg"], "serve": ["serve", "--socket", "/nonexistent/x.sock", "moving_avg"], "replay": ["replay", "moving_avg", "--input", "/nonexistent.lp"]}[command]
     result = runner.invoke(main, [*args, "--remote", "sc://localhost:15002"])
     assert result.exit_code == 2

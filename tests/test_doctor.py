@@ -19,10 +19,11 @@ def test_a_healthy_machine_passes_every_check_and_spark_is_started_and_timed(tmp
     done = doctor("--master", "local[1]", "--socket-dir", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["OK   python", "OK   java", "OK   spark classes", "OK   pyspark", "OK   compiled code", "OK   spark", "OK   socket dir", "OK   kapacitor.udf.agent"]
+    assert [line.split(":")[0] for line in lines] == ["OK   python", "OK   java", "OK   spark classes", "OK   pyspark", "OK   versions", "OK   compiled code", "OK   spark", "OK   socket dir", "OK   kapacitor.udf.agent"]
     assert "'udf-agent prepare' builds one" in lines[2] or "Spark's JVM maps it as it starts" in lines[2]
-    assert "frame scanner and point codec loaded in " in lines[4]
-    assert "started in " in lines[5] and " s, micro-batches run on Spark" in lines[5]
+    assert lines[4].startswith("OK   versions: Spark ") and ", protobuf " in lines[4] and ", Java " in lines[4] and "they fit together" in lines[4]
+    assert "frame scanner and point codec loaded in " in lines[5]
+    assert "started in " in lines[6] and " s, micro-batches run on Spark" in lines[6]
 
 
 @pytest.mark.integration
@@ -31,7 +32,8 @@ def test_without_java_doctor_says_what_to_install_and_does_not_try_spark(tmp_pat
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     assert lines[1].startswith("FAIL java: Java not found") and "openjdk-17-jre-headless" in lines[1]
-    assert lines[4] == "FAIL spark: not started: fix the lines above first"
+    assert lines[3].startswith("OK   versions: Spark ") and "Java" not in lines[3]  # no Java to name
+    assert lines[5] == "FAIL spark: not started: fix the lines above first"
     assert "2 check(s) failed" in done.stderr
 
 

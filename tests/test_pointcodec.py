@@ -146,8 +146,10 @@ def reference_frames(points, result, first_row=0):
     return encode_points(output_points(result, data, Layout(tag_columns={}), ctx, first_row=first_row))
 
 
-def parsed(frames: bytes) -> list[udf_pb2.Point]:
-    return [r.point for r in FrameDecoder(udf_pb2.Response).feed(frames)]
+def parsed(frames: bytes) -> list[bytes]:
+    """Each point, serialized deterministically: comparable with NaN values on every protobuf
+    runtime (5.x's message equality has NaN unequal to itself, 7.x's not)."""
+    return [r.point.SerializeToString(deterministic=True) for r in FrameDecoder(udf_pb2.Response).feed(frames)]
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -83,7 +83,8 @@ def test_any_cut_of_valid_frames_gives_every_message_back(messages: list[udf_pb2
     data = b"".join(encode_frame(m) for m in messages)
     chunks = _cut(data, cuts)
     reference = _bodies(FrameSplitter(), chunks)
-    assert [parse_message(udf_pb2.Request, body) for body in reference] == messages
+    # Compared serialized: with NaN values, protobuf 5's message equality fails, 7's passes.
+    assert [parse_message(udf_pb2.Request, body).SerializeToString(deterministic=True) for body in reference] == [m.SerializeToString(deterministic=True) for m in messages]
     # The compiled scanner stands for exactly the same frames, point runs included.
     assert _bodies(FastFrameSplitter(), chunks) == reference
 

@@ -49,9 +49,32 @@ def normalise(fdp: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDes
     return fdp
 
 
+def _setup_cfg_pin(package: str) -> str:
+    """The version setup.cfg gives ``package``: its lowest (``>=``) or only (``==``) one."""
+    match = re.search(rf"^\s*{re.escape(package)}(?:==|>=)([0-9.]+)", (REPO / "setup.cfg").read_text(), re.MULTILINE)
+    assert match, f"setup.cfg names no version of {package}"
+    return match.group(1)
+
+
+def test_the_committed_gencode_is_the_oldest_the_protobuf_range_takes():
+    """udf_pb2.py loads on every protobuf runtime setup.cfg allows only if it was generated for
+    the lowest: a newer generator's gencode refuses older runtimes at import."""
+    header = re.search(r"^# Protobuf Python Version: (\S+)$", (REPO / "udf_agent" / "udf_pb2.py").read_text(), re.MULTILINE)
+    assert header and header.group(1) == _setup_cfg_pin("protobuf"), f"regenerate udf_pb2.py with {regeneration_command()!r} and grpcio-tools {_setup_cfg_pin('grpcio-tools')}"
+
+
 @pytest.fixture(scope="module")
 def protoc_output(tmp_path_factory):
-    """proto/udf.proto compiled afresh: its descriptor and its type stub."""
+    """proto/udf.proto compiled afresh: its descriptor and its type stub, by the generator
+    setup.cfg pins (the ``proto`` extra; .ci/compat installs it beside protobuf 5)."""
+    from importlib import metadata
+
+    try:
+        generator = metadata.version("grpcio-tools")
+    except metadata.PackageNotFoundError:
+        pytest.skip("grpcio-tools is not installed (pip install -e .[proto], beside protobuf 5; .ci/compat runs these)")
+    if generator != _setup_cfg_pin("grpcio-tools"):
+        pytest.skip(f"grpcio-tools {generator} is not the generator of the committed module ({_setup_cfg_pin('grpcio-tools')}, .[proto]; .ci/compat runs these)")
     out = tmp_path_factory.mktemp("protoc")
     desc = out / "udf.desc"
     proc = subprocess.run(
@@ -69,8 +92,6 @@ def protoc_output(tmp_path_factory):
         capture_output=True,
         text=True,
     )
-    if proc.returncode != 0 and "No module named grpc_tools" in proc.stderr:
-        pytest.skip("grpcio-tools is not installed (pip install -e .[test])")
     assert proc.returncode == 0, f"protoc failed on proto/udf.proto:\n{proc.stderr}"
     assert (out / "udf_pb2.py").exists()
     files = descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes()).file

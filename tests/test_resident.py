@@ -114,6 +114,10 @@ def test_a_killed_worker_is_replaced_and_the_micro_batch_computed_once(spark_eng
 
 def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(spark_engine):
     resident = spark_engine.resident
+    deadline = time.monotonic() + 60  # both slots' workers up (an earlier test's may still be starting): both stopped
+    while len(resident.worker_pids()) < 2:
+        assert time.monotonic() < deadline, "the resident workers did not connect"
+        time.sleep(0.1)
     launches, stuck = resident.launches, resident.worker_pids()
     resident.batch_timeout = 3.0
     try:

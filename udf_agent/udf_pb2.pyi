@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -86,7 +85,7 @@ class OptionValue(_message.Message):
     doubleValue: float
     stringValue: str
     durationValue: int
-    def __init__(self, type: _Optional[_Union[ValueType, str]] = ..., boolValue: _Optional[bool] = ..., intValue: _Optional[int] = ..., doubleValue: _Optional[float] = ..., stringValue: _Optional[str] = ..., durationValue: _Optional[int] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[ValueType, str]] = ..., boolValue: bool = ..., intValue: _Optional[int] = ..., doubleValue: _Optional[float] = ..., stringValue: _Optional[str] = ..., durationValue: _Optional[int] = ...) -> None: ...
 
 class InitResponse(_message.Message):
     __slots__ = ("success", "error")
@@ -94,7 +93,7 @@ class InitResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     success: bool
     error: str
-    def __init__(self, success: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, success: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ()
@@ -118,7 +117,7 @@ class RestoreResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     success: bool
     error: str
-    def __init__(self, success: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    def __init__(self, success: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class KeepaliveRequest(_message.Message):
     __slots__ = ("time",)
@@ -157,7 +156,7 @@ class BeginBatch(_message.Message):
     tags: _containers.ScalarMap[str, str]
     size: int
     byName: bool
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., size: _Optional[int] = ..., byName: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., size: _Optional[int] = ..., byName: bool = ...) -> None: ...
 
 class Point(_message.Message):
     __slots__ = ("time", "name", "database", "retentionPolicy", "group", "dimensions", "tags", "fieldsDouble", "fieldsInt", "fieldsString", "byName", "fieldsBool")
@@ -195,7 +194,7 @@ class Point(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: bool
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[bool] = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: bool = ...) -> None: ...
     TIME_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATABASE_FIELD_NUMBER: _ClassVar[int]
@@ -220,7 +219,7 @@ class Point(_message.Message):
     fieldsString: _containers.ScalarMap[str, str]
     byName: bool
     fieldsBool: _containers.ScalarMap[str, bool]
-    def __init__(self, time: _Optional[int] = ..., name: _Optional[str] = ..., database: _Optional[str] = ..., retentionPolicy: _Optional[str] = ..., group: _Optional[str] = ..., dimensions: _Optional[_Iterable[str]] = ..., tags: _Optional[_Mapping[str, str]] = ..., fieldsDouble: _Optional[_Mapping[str, float]] = ..., fieldsInt: _Optional[_Mapping[str, int]] = ..., fieldsString: _Optional[_Mapping[str, str]] = ..., byName: _Optional[bool] = ..., fieldsBool: _Optional[_Mapping[str, bool]] = ...) -> None: ...
+    def __init__(self, time: _Optional[int] = ..., name: _Optional[str] = ..., database: _Optional[str] = ..., retentionPolicy: _Optional[str] = ..., group: _Optional[str] = ..., dimensions: _Optional[_Iterable[str]] = ..., tags: _Optional[_Mapping[str, str]] = ..., fieldsDouble: _Optional[_Mapping[str, float]] = ..., fieldsInt: _Optional[_Mapping[str, int]] = ..., fieldsString: _Optional[_Mapping[str, str]] = ..., byName: bool = ..., fieldsBool: _Optional[_Mapping[str, bool]] = ...) -> None: ...
 
 class EndBatch(_message.Message):
     __slots__ = ("name", "group", "tmax", "tags", "byName")
@@ -241,7 +240,7 @@ class EndBatch(_message.Message):
     tmax: int
     tags: _containers.ScalarMap[str, str]
     byName: bool
-    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., tmax: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ..., byName: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., group: _Optional[str] = ..., tmax: _Optional[int] = ..., tags: _Optional[_Mapping[str, str]] = ..., byName: bool = ...) -> None: ...
 
 class Request(_message.Message):
     __slots__ = ("info", "init", "keepalive", "snapshot", "restore", "begin", "point", "end")

@@ -41,7 +41,9 @@ class CrashingHandler(Handler):
         raise Exception("not supported")
 
     def point(self, point):
-        if os.environ.get("SPARK_PYTHON_RUNTIME") != "PYTHON_WORKER":
+        from pyspark import TaskContext
+
+        if TaskContext.get() is None:  # set inside a Spark task, on Spark 3.5 and 4.x alike
             raise Exception("crasher.py crashes Spark Python workers only")
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -91,14 +91,13 @@ def connect_url(ctx: click.Context, param: click.Parameter, value: str | None) -
         return None
     if not value.startswith("sc://"):
         raise click.BadParameter(f"{value!r} is not a Spark Connect URL (sc://HOST:PORT)")
-    missing = missing_modules(CONNECT_CLIENT_MODULES)
+    from udf_agent.versions import missing_connect_client
+
+    missing = missing_connect_client()
     if missing:
-        raise click.UsageError(f"--remote needs Spark Connect's client, and {', '.join(missing)} is not installed here: pip install 'udf-agent[connect]'")
+        verb = "is" if len(missing) == 1 else "are"
+        raise click.UsageError(f"--remote needs Spark Connect's client, and {', '.join(missing)} {verb} not installed here: pip install 'udf-agent[connect]'")
     return value
-
-
-# What PySpark's Connect client needs beyond the agent's own dependencies, as (module, package).
-CONNECT_CLIENT_MODULES = (("grpc", "grpcio"), ("grpc_status", "grpcio-status"), ("google.rpc", "googleapis-common-protos"), ("zstandard", "zstandard"))
 
 
 def missing_modules(modules: tuple[tuple[str, str], ...]) -> list[str]:

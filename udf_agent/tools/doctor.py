@@ -30,6 +30,7 @@ def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java
         yield check_class_archive()
     libraries = check_libraries()
     yield libraries
+    yield check_versions(java.detail if uses_java and java.ok else None)
     yield check_compiled()
     if java.ok and libraries.ok:
         yield check_spark(make_spark)
@@ -84,8 +85,34 @@ def check_libraries() -> Check:
         import pyarrow
         import pyspark
     except ImportError as exc:
-        return Check("pyspark", False, f"{exc}: reinstall udf-agent (pip install udf-agent) in this environment")
+        return Check("pyspark", False, f"{exc}: install versions that fit together (the versions line says which), or reinstall udf-agent (pip install udf-agent) in this environment")
     return Check("pyspark", True, f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
+
+
+def check_versions(java: str | None) -> Check:
+    """Whether the Spark, Java and libraries installed fit together: udf-agent's own
+    requirements (protobuf's range among them), those pyspark's SQL and Connect sides declare
+    (Spark 3.5 takes numpy below 2, and pyarrow 26 needs numpy 2), and the Java this Spark
+    line runs on. ``java`` is check_java's detail ("Java 17 at ..."), None when not used."""
+    from udf_agent.versions import SUPPORTED_SPARK, installed, java_fits, pyspark_version, release, spark_line, undeclared_conflicts, unmet
+
+    spark = pyspark_version()
+    protobuf = installed("protobuf")
+    found = f"Spark {spark} (pyspark), protobuf {protobuf}" + (f", {java.split(' at ')[0]}" if java else "")
+    if spark is None:
+        return Check("versions", False, f"{found}: pyspark is not installed: pip install udf-agent")
+    problems = []
+    low, high = SUPPORTED_SPARK
+    if not low <= spark_line(spark) < high:
+        problems.append(f"Spark {spark} is outside 3.5 to 4.x, the lines udf-agent runs on")
+    problems += unmet("udf-agent") + unmet("pyspark", ("sql", "connect") if installed("grpcio") else ("sql",)) + undeclared_conflicts()
+    if java:
+        major = release(java.split()[1])[0]
+        if not java_fits(spark, major):
+            problems.append(f"Spark {spark} does not run on Java {major} (Spark 3.5: Java 17; Spark 4: Java 17 or 21): set JAVA_HOME to one it runs on")
+    if problems:
+        return Check("versions", False, f"{found}: " + "; ".join(problems) + ": install versions that fit (docs/deployment.md, \"Spark versions\")")
+    return Check("versions", True, f"{found}: they fit together; a cluster or Spark Connect server must run Spark {'.'.join(map(str, spark_line(spark)))} (Connect: that or newer)")
 
 
 def check_compiled() -> Check:
