@@ -123,6 +123,14 @@ def _limit_retries(client: Any, retries: int) -> None:
         client._retry_policy["max_retries"] = retries
 
 
+def _warn_if_client_newer(server: str) -> None:
+    from udf_agent.versions import connect_client_warning, pyspark_version
+
+    warning = connect_client_warning(pyspark_version() or "0", server)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
 def check_reachable(url: str) -> None:
     """A ``spark://host:port[,host:port]`` master (standby masters too) or an ``sc://``
     server must accept a TCP connection (on one of its addresses); SparkStartError names
@@ -307,6 +315,7 @@ class ConnectSession:
             for key, value in settings.conf.items():
                 session.conf.set(key, value)  # runtime settings only: the server owns the rest
             version = session.version
+            _warn_if_client_newer(version)
             timeout = _session_timeout(session)
         except Exception as exc:
             raise SparkStartError(f"cannot use the Spark Connect server {url}: {connect_failure(exc)}") from exc

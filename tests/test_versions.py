@@ -8,7 +8,7 @@ import pytest
 
 from udf_agent import versions
 from udf_agent.tools.doctor import check_versions
-from udf_agent.versions import Requirement, connect_client_fits, java_fits, release
+from udf_agent.versions import Requirement, connect_client_fits, connect_client_warning, java_fits, release
 
 # As pyspark 3.5.9 and 4.3.0 declare their Connect extras (their METADATA's Requires-Dist).
 SPARK_35 = [
@@ -73,17 +73,19 @@ def test_java_and_connect_rules_of_each_spark_line():
     assert java_fits("4.9.0", 25)  # a line newer than the table: 17 or later
     assert connect_client_fits("3.5.9", "4.0.1") and connect_client_fits("4.0.1", "4.0.5")
     assert not connect_client_fits("4.0.1", "3.5.9")
+    assert connect_client_warning("3.5.9", "4.0.1") is None
+    assert "install pyspark[connect]==3.5.* beside udf-agent" in (connect_client_warning("4.0.1", "3.5.9") or "")
 
 
 def test_the_doctor_names_the_versions_found_and_says_what_does_not_fit(monkeypatch):
-    found = check_versions("Java 17 at /usr/bin/java")
+    found = check_versions(17)
     assert found.ok, found.detail  # this environment was installed by pip from setup.cfg
     assert f"Spark {versions.pyspark_version()} (pyspark), protobuf {versions.installed('protobuf')}, Java 17" in found.detail
     # Spark 3.5 beside numpy 2 and pyarrow 26 beside numpy 1, on Java 21: each said.
     have = {"pyspark": "3.5.9", "numpy": "2.1.0", "protobuf": "5.26.1", "pyarrow": "26.0.1"}
     monkeypatch.setattr(versions.metadata, "requires", lambda package: SPARK_35 if package == "pyspark" else [])
     monkeypatch.setattr(versions, "installed", lambda package: have.get(package, "1.0"))
-    broken = check_versions("Java 21 at /opt/java21/bin/java")
+    broken = check_versions(21)
     assert not broken.ok
     assert "numpy<2,>=1.15 (pyspark's; numpy 2.1.0 is installed)" in broken.detail
     assert "Spark 3.5.9 does not run on Java 21" in broken.detail

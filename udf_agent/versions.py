@@ -13,8 +13,8 @@ from importlib import metadata
 
 # The Spark lines udf-agent is built and tested on (setup.cfg's pyspark range).
 SUPPORTED_SPARK = ((3, 5), (5, 0))
-# Java each line runs on, as Spark documents it; udf-agent itself needs 17 or later (java.py).
-JAVA_BY_SPARK_LINE = {(3, 5): (17,), (4, 0): (17, 21), (4, 1): (17, 21), (4, 2): (17, 21), (4, 3): (17, 21)}
+# Java a line runs on where it is not Spark 4's 17 or later (udf-agent itself needs 17, java.py).
+JAVA_BY_SPARK_LINE = {(3, 5): (17,)}
 
 # Conflicts no package declares: pyarrow 26 refuses to import beside numpy 1 (Spark 3.5's).
 UNDECLARED = (("pyarrow", ">=26", "numpy", "<2"),)
@@ -137,8 +137,8 @@ def undeclared_conflicts() -> list[str]:
 
 
 def java_fits(spark_version: str, java_major: int) -> bool:
-    """Whether this Spark line is documented to run on Java ``java_major`` (a line newer than
-    this table: Java 17 or later, as Spark 4 needs)."""
+    """Whether this Spark line is documented to run on Java ``java_major`` (a line not in the
+    table: Java 17 or later, as Spark 4 needs)."""
     supported = JAVA_BY_SPARK_LINE.get(spark_line(spark_version))
     return java_major in supported if supported is not None else java_major >= 17
 
@@ -146,3 +146,11 @@ def java_fits(spark_version: str, java_major: int) -> bool:
 def connect_client_fits(client: str, server: str) -> bool:
     """A Spark Connect client may be older than its server, never newer (Spark's own rule)."""
     return spark_line(client) <= spark_line(server)
+
+
+def connect_client_warning(client: str, server: str) -> str | None:
+    """What to say when this pyspark ``client`` is newer than the Connect ``server``'s Spark."""
+    if connect_client_fits(client, server):
+        return None
+    line = ".".join(map(str, spark_line(server)))
+    return f"this pyspark {client} is newer than the Spark Connect server's Spark {server}, which Spark does not support: install pyspark[connect]=={line}.* beside udf-agent"

@@ -19,6 +19,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    version: int | None = None  # what was found, where a later check needs it (Java's major)
 
 
 def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java: bool) -> Iterator[Check]:
@@ -30,7 +31,7 @@ def run_checks(make_spark: Callable[[], SparkEngine], socket_dir: str, uses_java
         yield check_class_archive()
     libraries = check_libraries()
     yield libraries
-    yield check_versions(java.detail if uses_java and java.ok else None)
+    yield check_versions(java.version)
     yield check_compiled()
     if java.ok and libraries.ok:
         yield check_spark(make_spark)
@@ -76,7 +77,7 @@ def check_java() -> Check:
         path, version = find_usable_java()
     except JavaError as exc:
         return Check("java", False, str(exc))
-    return Check("java", True, f"Java {version} at {path}")
+    return Check("java", True, f"Java {version} at {path}", version)
 
 
 def check_libraries() -> Check:
@@ -89,16 +90,16 @@ def check_libraries() -> Check:
     return Check("pyspark", True, f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}")
 
 
-def check_versions(java: str | None) -> Check:
+def check_versions(java: int | None) -> Check:
     """Whether the Spark, Java and libraries installed fit together: udf-agent's own
     requirements (protobuf's range among them), those pyspark's SQL and Connect sides declare
     (Spark 3.5 takes numpy below 2, and pyarrow 26 needs numpy 2), and the Java this Spark
-    line runs on. ``java`` is check_java's detail ("Java 17 at ..."), None when not used."""
-    from udf_agent.versions import SUPPORTED_SPARK, installed, java_fits, pyspark_version, release, spark_line, undeclared_conflicts, unmet
+    line runs on. ``java`` is the major version check_java found, None when none is used."""
+    from udf_agent.versions import SUPPORTED_SPARK, installed, java_fits, pyspark_version, spark_line, undeclared_conflicts, unmet
 
     spark = pyspark_version()
     protobuf = installed("protobuf")
-    found = f"Spark {spark} (pyspark), protobuf {protobuf}" + (f", {java.split(' at ')[0]}" if java else "")
+    found = f"Spark {spark} (pyspark), protobuf {protobuf}" + (f", Java {java}" if java else "")
     if spark is None:
         return Check("versions", False, f"{found}: pyspark is not installed: pip install udf-agent")
     problems = []
@@ -106,10 +107,8 @@ def check_versions(java: str | None) -> Check:
     if not low <= spark_line(spark) < high:
         problems.append(f"Spark {spark} is outside 3.5 to 4.x, the lines udf-agent runs on")
     problems += unmet("udf-agent") + unmet("pyspark", ("sql", "connect") if installed("grpcio") else ("sql",)) + undeclared_conflicts()
-    if java:
-        major = release(java.split()[1])[0]
-        if not java_fits(spark, major):
-            problems.append(f"Spark {spark} does not run on Java {major} (Spark 3.5: Java 17; Spark 4: Java 17 or 21): set JAVA_HOME to one it runs on")
+    if java and not java_fits(spark, java):
+        problems.append(f"Spark {spark} does not run on Java {java} (Spark 3.5: Java 17; Spark 4: Java 17 or later): set JAVA_HOME to one it runs on")
     if problems:
         return Check("versions", False, f"{found}: " + "; ".join(problems) + ": install versions that fit (docs/deployment.md, \"Spark versions\")")
     return Check("versions", True, f"{found}: they fit together; a cluster or Spark Connect server must run Spark {'.'.join(map(str, spark_line(spark)))} (Connect: that or newer)")
