@@ -41,6 +41,7 @@ from udf_agent.compute.engine import EngineStartError, Tenant
 from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 from udf_agent.compute.packed import ResultColumns, StreamTasks
 from udf_agent.errors import first_line
+from udf_agent.redaction import redacted_url
 from udf_agent.runtime.collector import freeze_startup_objects
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class SparkEngine:
         if isinstance(self._error, SparkStartError):
             raise self._error
         if self._error is not None:
-            raise SparkStartError(f"Spark did not start ({self.settings.url}): {first_line(self._error)}") from self._error
+            raise SparkStartError(f"Spark did not start ({redacted_url(self.settings.url)}): {first_line(self._error)}") from self._error
 
     def run(self, job: Job, tasks: pa.Table, tenant: Tenant | None = None) -> pa.Table:
         """Tasks of ``compute.TASK_SCHEMA`` in, results of ``compute.RESULT_SCHEMA`` out, in task

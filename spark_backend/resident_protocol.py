@@ -1,4 +1,5 @@
-"""Messages between the agent and its resident workers, over a unix socket on the agent's host, else TCP; both ways (``Link``).
+"""Messages between the agent and its resident workers, over a unix socket on the agent's host,
+else TLS over TCP (``worker_channel.py``); both ways (``Link``).
 
 A header (kind: 1 byte, payload length: 8 bytes; ``udf_agent/wire/links.py``), then the payload. The job (the UDF and its
 options) travels once per worker, pickled by Spark's own cloudpickle as Spark ships any pandas
@@ -16,6 +17,7 @@ import math
 import os
 import select
 import socket
+import ssl
 import struct
 import time
 import traceback
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
+from spark_backend.worker_channel import connect_tls
 from udf_agent.wire.links import HEADER, LENGTH
 
 if TYPE_CHECKING:
@@ -30,12 +33,13 @@ if TYPE_CHECKING:
 
     from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 
-# HELLO and WELCOME prove a worker was launched by this agent (a random token); JOB, TASKS
+# HELLO, WELCOME and PROOF: the worker and the agent prove to each other that they hold the
+# task's random token, by challenge and response (``worker_channel``); JOB, TASKS
 # and STREAM_TASKS carry the job key first. A RESULT answers TASKS with a result table; a
 # STREAM_RESULT answers STREAM_TASKS with packed result columns behind when the worker took the
 # tasks in and when it answered (``stream_result``). OVER_MEMORY is a worker's last word: it
 # passed its memory limit while computing, and exits.
-HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER, STREAM_TASKS, STREAM_RESULT = range(1, 11)
+HELLO, WELCOME, JOB, TASKS, RESULT, FAILURE, OVER_MEMORY, HANDLER, STREAM_TASKS, STREAM_RESULT, PROOF = range(1, 12)
 JOB_KEY_BYTES = 16
 # A STREAM_RESULT's first bytes: the worker's CLOCK_MONOTONIC (ns) when it had read the tasks
 # and when it answered. Their difference is the slice's time on the worker wherever it runs;
@@ -52,15 +56,18 @@ Value = TypeVar("Value")
 
 
 class WorkerAddress(NamedTuple):
-    """Where a resident worker reaches its agent: the agent's port, or on the agent's own
-    host its unix socket (``path``) when the worker can see it."""
+    """Where a resident worker reaches its agent: the agent's port, TLS pinned to the
+    certificate whose SHA-256 is ``fingerprint``, or on the agent's own host its unix socket
+    (``path``) when the worker can see it."""
 
     host: str
     port: int
+    fingerprint: str
     path: str | None = None
 
     def connect(self) -> socket.socket:
-        """A connection to the agent: its unix socket when it is on this host, else its port."""
+        """A connection to the agent: its unix socket when it is on this host, else TLS over its
+        port (ConnectionError if the port's certificate is not the agent's)."""
         if self.path is not None and os.path.exists(self.path):
             local = socket.socket(socket.AF_UNIX)
             try:
@@ -70,7 +77,11 @@ class WorkerAddress(NamedTuple):
                 local.close()
         sock = socket.create_connection((self.host, self.port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        try:
+            return connect_tls(sock, self.fingerprint)
+        except BaseException:
+            sock.close()
+            raise
 
 
 class JobCache(Generic[Value]):
@@ -199,10 +210,13 @@ MAX_GATHERED = 512
 # payload, in one system call. A payload larger than what arrived with its header is read
 # into its own buffer, not through this one.
 RECEIVE_BUFFER = 64 * 1024
+# The most a TLS record carries: parts smaller are joined up to it, larger ones written whole.
+TLS_RECORD = 16 * 1024
 
 
 class Link:
-    """One end of a resident link: each message out in one gathered write, in through a buffer
+    """One end of a resident link (a unix socket, or TLS over TCP): each message out in one
+    gathered write (joined up to a record over TLS), in through a buffer
     that takes whatever has arrived in one read (a slice's header and payload: one system
     call, not two).
 
@@ -214,6 +228,7 @@ class Link:
 
     def __init__(self, sock: socket.socket, deadlines: bool = False):
         self.sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
         sock.setblocking(not deadlines)
         self._readable = select.poll()
         self._readable.register(sock, select.POLLIN)
@@ -232,6 +247,9 @@ class Link:
         sendmsg: a small message is one system call, and one segment for the peer to wake to."""
         pending = [memoryview(HEADER.pack(kind, sum(len(part) for part in parts)))]
         pending += [memoryview(part).cast("B") for part in parts if len(part)]
+        if self._tls:
+            self._send_tls(pending, deadline)
+            return
         first = 0
         while first < len(pending):
             try:
@@ -244,6 +262,33 @@ class Link:
                 first += 1
             if sent:
                 pending[first] = pending[first][sent:]
+
+    def _send_tls(self, pending: list[memoryview], deadline: float | None) -> None:
+        """``send`` over TLS, which has no gathered write: small parts joined up to a record's
+        size, so that a trickle's message is still one record and one segment; larger parts
+        written as they are (OpenSSL cuts them into records, copying nothing more)."""
+        joined = bytearray()
+        for part in pending:
+            if len(part) < TLS_RECORD:
+                joined += part
+                if len(joined) < TLS_RECORD:
+                    continue
+            if joined:
+                self._write_tls(memoryview(joined), deadline)
+                joined = bytearray()
+            if len(part) >= TLS_RECORD:
+                self._write_tls(part, deadline)
+        if joined:
+            self._write_tls(memoryview(joined), deadline)
+
+    def _write_tls(self, view: memoryview, deadline: float | None) -> None:
+        while view:
+            try:
+                view = view[self.sock.send(view) :]
+            except ssl.SSLWantWriteError:  # retried with the same bytes, as OpenSSL requires
+                self._wait(self._writable, deadline)
+            except ssl.SSLWantReadError:
+                self._wait(self._readable, deadline)
 
     def receive(self, deadline: float | None = None, max_length: int | None = None) -> tuple[int, bytearray] | None:
         """The next message, or None at a clean end of stream (before a header); ValueError if
@@ -273,9 +318,14 @@ class Link:
     def message_waiting(self, timeout: float) -> bool:
         """Whether the peer's next message has begun to come, waiting ``timeout`` seconds at
         most for it (select: poll's milliseconds are too coarse for a slice's pace)."""
-        if self._end > self._start:
+        if self._end > self._start or self._decrypted():
             return True
         return bool(select.select([self.sock], [], [], max(timeout, 0.0))[0])
+
+    def _decrypted(self) -> bool:
+        """Whether TLS holds bytes it has read and decrypted that were not taken yet: the
+        socket shows nothing to poll for them."""
+        return self._tls and self.sock.pending() > 0  # type: ignore[attr-defined]
 
     def _gather(self, size: int, deadline: float | None) -> bool:
         """At least ``size`` bytes in the buffer; False at an end of stream before any."""
@@ -295,13 +345,15 @@ class Link:
         return True
 
     def _read(self, into: memoryview, deadline: float | None) -> int:
-        if deadline is not None:
+        if deadline is not None and not self._decrypted():
             self._wait(self._readable, deadline)
         while True:
             try:
                 return self.sock.recv_into(into)
-            except BlockingIOError:  # woken for nothing
+            except (BlockingIOError, ssl.SSLWantReadError):  # woken for nothing, or for part of a TLS record
                 self._wait(self._readable, deadline)
+            except ssl.SSLWantWriteError:
+                self._wait(self._writable, deadline)
 
     @staticmethod
     def _wait(poller: select.poll, deadline: float | None) -> None:

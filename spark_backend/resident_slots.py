@@ -11,7 +11,6 @@ scripts), who gets which ``resident_grants.py``'s.
 from __future__ import annotations
 
 import functools
-import hmac
 import json
 import logging
 import math
@@ -20,6 +19,7 @@ import secrets
 import select
 import shutil
 import socket
+import ssl
 import sys
 import tempfile
 import threading
@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from spark_backend.resident_protocol import HELLO, WELCOME, JobCache, Link, WorkerAddress, clock_id
+from spark_backend.resident_protocol import HELLO, PROOF, WELCOME, JobCache, Link, WorkerAddress, clock_id
 from spark_backend.resident_worker import serve_slot
+from spark_backend.worker_channel import NONCE_BYTES, AgentCertificate, agent_proof, new_nonce, proven, worker_proof
 from udf_agent.errors import first_line
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
@@ -137,33 +138,38 @@ class Greeting:
 
 # A worker's hello is a line of JSON; anything longer is not one.
 HELLO_MAX_BYTES = 4096
-# Seconds a connection at the door has to say hello (and to take the welcome).
+# A worker's proof is one HMAC-SHA256.
+PROOF_MAX_BYTES = 32
+# Seconds a connection at the door has to finish its TLS handshake, say hello and prove the token.
 HELLO_WAIT = 10.0
 
 
 class WorkerDoor:
-    """The port the resident workers connect back to, and beside it a unix socket in a
-    directory only this user may enter: a worker on this host (a local master, or a server
-    here) takes the socket, whose round trip costs half the port's. A connection is greeted
-    only if it names this agent's random token (a worker launched by it), and answered with
-    the token; any other is refused, whatever it sends."""
+    """The port the resident workers connect back to, TLS with the agent's ephemeral
+    certificate (``worker_channel``), and beside it a unix socket in a directory only this user
+    may enter: a worker on this host (a local master, or a server here) takes the socket, whose
+    round trip costs half the port's. A connection is greeted only once it proved, by challenge
+    and response, that it holds this agent's random token (a worker launched by it), and the
+    agent proves it holds the token too; any other is refused, whatever it sends."""
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(16)
         self.address: WorkerAddress | None = None
         self._listeners: list[socket.socket] = []
         self._local_dir: str | None = None
+        self._certificate: AgentCertificate | None = None
 
     def open(self, host: str) -> None:
+        self._local_dir = tempfile.mkdtemp(prefix="udf-agent-workers-")  # mode 700
+        self._certificate = AgentCertificate(self._local_dir)
         listener = socket.create_server((host, 0))
         self._listeners = [listener]
-        self.address = WorkerAddress(host, listener.getsockname()[1], self._open_local())
+        self.address = WorkerAddress(host, listener.getsockname()[1], self._certificate.fingerprint, self._open_local(self._local_dir))
 
-    def _open_local(self) -> str | None:
+    def _open_local(self, directory: str) -> str | None:
         """The unix socket's path; None if it cannot be made (a $TMPDIR past the 107 bytes a
         socket's path may take, say): the workers then all take the port."""
-        self._local_dir = tempfile.mkdtemp(prefix="udf-agent-workers-")  # mode 700
-        path = os.path.join(self._local_dir, "door")
+        path = os.path.join(directory, "door")
         local = socket.socket(socket.AF_UNIX)
         try:
             local.bind(path)
@@ -200,21 +206,36 @@ class WorkerDoor:
                 yield greeting
 
     def _greet(self, sock: socket.socket) -> Greeting | None:
+        deadline = time.monotonic() + HELLO_WAIT
         try:
             if sock.family != socket.AF_UNIX:
+                assert self._certificate is not None
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._certificate.accept(sock, HELLO_WAIT)
             link = Link(sock, deadlines=True)
-            hello = link.receive(time.monotonic() + HELLO_WAIT, max_length=HELLO_MAX_BYTES)
+            hello = link.receive(deadline, max_length=HELLO_MAX_BYTES)
             if hello is None or hello[0] != HELLO:
                 raise ValueError("no hello")
-            details = json.loads(hello[1])
-            if not isinstance(details, dict) or not hmac.compare_digest(str(details.get("token", "")).encode(), self.token.encode()):
-                raise ValueError("wrong token")
+            said = bytes(hello[1])
+            details = json.loads(said)
+            if not isinstance(details, dict):
+                raise ValueError("no hello")
+            worker_nonce = bytes.fromhex(details["nonce"])
+            if len(worker_nonce) != NONCE_BYTES:
+                raise ValueError("a hello without its nonce")
             clock = details.get("clock")
             greeting = Greeting(link, int(details["slot"]), int(details["launch"]), int(details["pid"]), clock if isinstance(clock, str) else None)
-            link.send(WELCOME, self.token.encode(), deadline=time.monotonic() + HELLO_WAIT)
+            agent_nonce = new_nonce()
+            link.send(WELCOME, agent_nonce, agent_proof(self.token, worker_nonce, agent_nonce), deadline=deadline)
+            answer = link.receive(deadline, max_length=PROOF_MAX_BYTES)
+            if answer is None or answer[0] != PROOF or not proven(worker_proof(self.token, agent_nonce, said), answer[1]):
+                raise ValueError("wrong token")
             return greeting
-        # Anyone on the host may connect: whatever it sends, the door stays open for the workers.
+        except ssl.SSLError as exc:
+            log.warning("refused a connection on the resident workers' port: not a TLS 1.3 client of the agent's certificate (%s)", exc.reason or exc)
+            sock.close()
+            return None
+        # Anyone who reaches the port may connect: whatever it sends, the door stays open for the workers.
         except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
             log.warning("refused a connection on the resident workers' port: %s", exc)
             sock.close()

@@ -6,10 +6,10 @@ Spark session code.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import pickle
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +23,7 @@ from spark_backend.resident_protocol import (
     JOB,
     JOB_KEY_BYTES,
     OVER_MEMORY,
+    PROOF,
     RESULT,
     STREAM_RESULT,
     STREAM_TASKS,
@@ -36,6 +37,7 @@ from spark_backend.resident_protocol import (
     read_handler_call,
     stream_result,
 )
+from spark_backend.worker_channel import NONCE_BYTES, agent_proof, new_nonce, proven, worker_proof
 from udf_agent.compute import packed
 from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
@@ -157,22 +159,29 @@ class _MemoryGuard:
 
 
 def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> Link | None:
-    """The connection to the agent, past its welcome; None if the agent let this task go
-    before it got a core (its listener closed: stopped, released when idle, relaunched)."""
+    """The connection to the agent, once each proved to the other that it holds the token
+    (``worker_channel``); None if the agent let this task go before it got a core (its listener
+    closed: stopped, released when idle, relaunched)."""
     try:
         sock = address.connect()
     except ConnectionRefusedError:
         return None
+    except (ConnectionResetError, ssl.SSLEOFError):  # in the backlog of a listener that closed
+        return None
+    nonce = new_nonce()
+    hello = json.dumps({"slot": slot, "launch": launch, "pid": os.getpid(), "clock": clock_id(), "nonce": nonce.hex()}).encode()
     try:
         link = Link(sock)
-        link.send(HELLO, json.dumps({"token": token, "slot": slot, "launch": launch, "pid": os.getpid(), "clock": clock_id()}).encode())
+        link.send(HELLO, hello)
         welcome = link.receive()
     except (ConnectionResetError, BrokenPipeError):  # in the backlog of a listener that closed
         welcome = None
     if welcome is None:
         sock.close()
         return None
-    if welcome[0] != WELCOME or not hmac.compare_digest(welcome[1], token.encode()):
+    kind, challenge = welcome
+    if kind != WELCOME or not proven(agent_proof(token, nonce, bytes(challenge[:NONCE_BYTES])), challenge[NONCE_BYTES:]):
         sock.close()
-        raise ConnectionError("the agent did not answer with this task's token")
+        raise ConnectionError("the agent did not prove it holds this task's token")
+    link.send(PROOF, worker_proof(token, bytes(challenge[:NONCE_BYTES]), hello))
     return link

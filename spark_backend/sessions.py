@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from spark_backend.settings import SparkSettings, agent_conf
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.redaction import redacted_url, redacted_value
 from udf_agent.runtime.logs import foreign_line, log_format
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def check_reachable(url: str) -> None:
         except OSError as exc:
             causes.append(f"{host}:{port}: {exc.strerror or exc}")
     kind = "Spark Connect server" if url.startswith("sc://") else "Spark master"
-    raise SparkStartError(f"cannot reach the {kind} {url} ({'; '.join(causes)})")
+    raise SparkStartError(f"cannot reach the {kind} {redacted_url(url)} ({'; '.join(causes)})")
 
 
 def _host_port(url: str, address: str, default_port: int) -> tuple[str, int]:
@@ -158,9 +159,9 @@ def _host_port(url: str, address: str, default_port: int) -> tuple[str, int]:
         parts = urlsplit(f"//{address}")
         host, port = parts.hostname, parts.port or default_port
     except ValueError as exc:
-        raise SparkStartError(f"cannot use {url}: {exc}") from None
+        raise SparkStartError(f"cannot use {redacted_url(url)}: {exc}") from None
     if not host:
-        raise SparkStartError(f"cannot use {url}: {address!r} names no host")
+        raise SparkStartError(f"cannot use {redacted_url(url)}: {address!r} names no host")
     return host, port
 
 
@@ -202,7 +203,7 @@ class ClassicSession:
         session = builder.getOrCreate()
         for key in settings.conf:
             # Read back from the live session: proof that the user's setting reached Spark.
-            log.info("Spark conf %s=%s", key, session.sparkContext.getConf().get(key))
+            log.info("Spark conf %s=%s", key, redacted_value(key, session.sparkContext.getConf().get(key)))
         log.info("Spark %s ready (master %s)", session.version, settings.master)
         return cls(settings.master, session)
 
@@ -307,7 +308,8 @@ class ConnectSession:
 
         url = settings.remote or ""
         check_reachable(url)
-        log.info("connecting to the Spark Connect server %s", url)
+        shown = redacted_url(url)  # its ;token= never written
+        log.info("connecting to the Spark Connect server %s", shown)
         try:
             # A new session each time: a session the server closed is never handed back.
             session = Builder.builder.remote(url).create()
@@ -318,12 +320,12 @@ class ConnectSession:
             _warn_if_client_newer(version)
             timeout = _session_timeout(session)
         except Exception as exc:
-            raise SparkStartError(f"cannot use the Spark Connect server {url}: {connect_failure(exc)}") from exc
-        opened = cls(url, session, keepalive_interval=max(1.0, timeout / 4))
+            raise SparkStartError(f"cannot use the Spark Connect server {shown}: {connect_failure(exc)}") from exc
+        opened = cls(shown, session, keepalive_interval=max(1.0, timeout / 4))
         threading.Thread(target=opened._watch, name="spark-connect-session", daemon=True).start()
         log.info(
             "Spark %s ready (Spark Connect server %s, which ends a session after %g s without a request: kept alive every %g s while in use)",
-            version, url, timeout, opened.keepalive_interval,
+            version, shown, timeout, opened.keepalive_interval,
         )
         return opened
 

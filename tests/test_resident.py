@@ -15,10 +15,7 @@ from udfs import sample
 
 from spark_backend.resident import ResidentWorkers, _ChainPace, _slice_end, _split
 from spark_backend.resident_protocol import (
-    HEADER,
-    HELLO,
     KEPT_JOBS,
-    WELCOME,
     JobCache,
     Link,
     WorkerAddress,
@@ -27,7 +24,7 @@ from spark_backend.resident_protocol import (
     read_stream_result,
     stream_result,
 )
-from spark_backend.resident_slots import START_TIMEOUT, WorkerDoor, WorkerLost, WorkerOverMemory
+from spark_backend.resident_slots import START_TIMEOUT, WorkerLost, WorkerOverMemory
 from spark_backend.spark_jobs import run_until_resident
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import LocalEngine
@@ -36,6 +33,9 @@ from udf_agent.errors import first_line
 from udf_agent.library.builtins import moving_avg
 
 pytestmark = pytest.mark.spark
+
+# A worker never gets as far as a certificate where these addresses lead.
+NO_CERTIFICATE = "0" * 64
 
 
 def test_a_task_or_result_table_travels_as_one_message_whatever_its_chunks():
@@ -263,7 +263,7 @@ def test_a_worker_whose_agent_no_longer_listens_ends_quietly(tmp_path):
     from spark_backend.resident_worker import serve_slot
 
     with socket.create_server(("127.0.0.1", 0)) as closed:
-        address = WorkerAddress(*closed.getsockname()[:2])
+        address = WorkerAddress(*closed.getsockname()[:2], fingerprint=NO_CERTIFICATE)
     (done,) = serve_slot(address, "token", 1, 1, None, iter([pd.DataFrame({"id": [1]})]))
     assert done.to_dict("records") == [{"slot": 1, "served": 0}]
     # Its unix socket closed too (the file left behind): the same.
@@ -276,7 +276,7 @@ def test_a_worker_whose_agent_no_longer_listens_ends_quietly(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
         closer.start()
-        (done,) = serve_slot(WorkerAddress(*listener.getsockname()[:2]), "token", 0, 1, None, iter([pd.DataFrame({"id": [0]})]))
+        (done,) = serve_slot(WorkerAddress(*listener.getsockname()[:2], fingerprint=NO_CERTIFICATE), "token", 0, 1, None, iter([pd.DataFrame({"id": [0]})]))
         closer.join(5)
     assert done.to_dict("records") == [{"slot": 0, "served": 0}]
 
@@ -382,81 +382,6 @@ def test_a_micro_batch_as_a_spark_job_that_gets_no_core_fails_at_the_batch_timeo
     finally:
         session.cancel(blocker_group)
         blocker.join(30)
-
-
-@pytest.mark.parametrize("way_in", ["port", "unix socket"])
-def test_the_workers_door_greets_only_connections_that_know_the_token(way_in):
-    """Anything on the host can connect to the workers' port (only this user to its unix
-    socket): only a worker this agent launched (it was given the token) is greeted, and
-    answered with the token so it knows its agent."""
-    import json
-    import os
-    import stat
-
-    door = WorkerDoor()
-    door.open("127.0.0.1")
-    address = door.address
-    assert address is not None and address.path is not None
-    assert stat.S_IMODE(os.stat(os.path.dirname(address.path)).st_mode) == 0o700
-    greetings = []
-    admitting = threading.Thread(target=lambda: greetings.extend(door.greetings()), daemon=True)
-    admitting.start()
-
-    def connect() -> socket.socket:
-        if way_in == "port":
-            return socket.create_connection((address.host, address.port), timeout=10)
-        sock = socket.socket(socket.AF_UNIX)
-        sock.settimeout(10)
-        sock.connect(address.path)
-        return sock
-
-    def hello(details: dict | bytes) -> tuple[int, bytearray] | None:
-        with connect() as sock:
-            link = Link(sock, deadlines=True)
-            link.send(HELLO, details if isinstance(details, bytes) else json.dumps(details).encode(), deadline=time.monotonic() + 10)
-            return link.receive(time.monotonic() + 10)
-
-    def huge_header() -> tuple[int, bytearray] | None:
-        with connect() as sock:
-            sock.sendall(HEADER.pack(HELLO, 2**62))  # a length no hello has; nothing after it
-            return Link(sock, deadlines=True).receive(time.monotonic() + 10)
-
-    try:
-        assert hello({"token": "guessed", "slot": 0, "launch": 1, "pid": 7}) is None  # closed, unanswered
-        assert hello(b"not json") is None
-        assert hello(b"[]") is None
-        assert huge_header() is None
-        assert hello({"token": door.token, "slot": 0}) is None  # no launch or pid: not a worker
-        assert hello({"token": door.token, "slot": None, "launch": 1, "pid": 7}) is None
-        assert hello({"token": door.token, "slot": 1e400, "launch": 1, "pid": 7}) is None  # JSON's Infinity
-        # Still open: a worker that knows the token is greeted after all of them.
-        assert hello({"token": door.token, "slot": 1, "launch": 3, "pid": 42, "clock": "boot-id"}) == (WELCOME, bytearray(door.token.encode()))
-        assert hello({"token": door.token, "slot": 2, "launch": 3, "pid": 43, "clock": 7}) == (WELCOME, bytearray(door.token.encode()))
-    finally:
-        door.close()
-        admitting.join(10)
-    assert not admitting.is_alive()  # closing the door ends the admitting loop
-    # A worker says which clock its times are on; anything but a string is no clock.
-    assert [(g.slot, g.launch, g.pid, g.clock) for g in greetings] == [(1, 3, 42, "boot-id"), (2, 3, 43, None)]
-    assert not os.path.exists(os.path.dirname(address.path))  # the socket's directory goes with it
-
-
-def test_a_door_whose_unix_socket_cannot_be_made_opens_its_port_alone(tmp_path, monkeypatch):
-    """A socket's path may take 107 bytes: under a longer $TMPDIR the workers take the port."""
-    import tempfile
-
-    deep = tmp_path / ("d" * 100)
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    door = WorkerDoor()
-    door.open("127.0.0.1")
-    try:
-        assert door.address is not None and door.address.path is None
-        with socket.create_connection((door.address.host, door.address.port), timeout=10):
-            pass
-    finally:
-        door.close()
-    assert list(deep.iterdir()) == []  # nothing left behind
 
 
 def test_a_micro_batch_is_split_only_when_its_points_are_worth_it_or_a_share_asks():
@@ -591,7 +516,6 @@ def test_a_chains_pace_takes_the_next_slice_as_the_worker_ends_the_one_before_by
 
 def test_a_chain_reads_an_answer_that_came_before_its_paces_estimate():
     # A real link: the answer is on the socket before the estimated end; the wait ends at once.
-    from spark_backend.resident_protocol import Link
 
     ours, theirs = socket.socketpair()
     link = Link(ours, deadlines=True)

@@ -22,6 +22,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -119,12 +120,30 @@ def test_tasks_with_the_same_settings_share_one_server_and_a_task_is_a_light_rel
 def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
     env = shared_env(shared_dir)
     plain = drivers("run", RELAYED, env=env, cwd=ROOT)
-    tuned = drivers("run", RELAYED, "--conf", "spark.sql.shuffle.partitions=3", env=env, cwd=ROOT)
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    tuned = drivers("run", RELAYED, "--conf", "spark.sql.shuffle.partitions=3", "--conf", f"spark.authenticate.secret={secret}", env=env, cwd=ROOT)
     smaller = drivers("run", RELAYED, "--master", "local[1]", env=env, cwd=ROOT)
     for driver in (plain, tuned, smaller):
         assert driver.init(timeout=60).success, driver.log()
     assert len(sockets(shared_dir)) == 3
-    assert len(shared_server_pids(shared_dir)) == 3
+    servers = shared_server_pids(shared_dir)
+    assert len(servers) == 3
+    # A secret among the settings is never written: not on a server's command line (anyone's
+    # to read), not in its log, which shows it redacted, not in a remembered launch.
+    for pid in servers:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            assert secret.encode() not in cmdline.read()
+    assert tuned.close(timeout=30) == 0
+
+    def written() -> bytes:
+        return b"".join(path.read_bytes() for path in Path(shared_dir).iterdir() if path.is_file())
+
+    deadline = time.monotonic() + 180  # the server's Spark starts in the background
+    while b"Spark conf spark.sql.shuffle.partitions=3" not in written():
+        assert time.monotonic() < deadline, written()[-3000:]
+        time.sleep(0.5)
+    assert b"Spark conf spark.authenticate.secret=*********(redacted)" in written()
+    assert secret.encode() not in written()
 
 
 def test_a_killed_servers_tasks_go_on_on_a_fresh_one_started_by_one_of_them(drivers, shared_dir):

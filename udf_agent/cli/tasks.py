@@ -133,7 +133,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
 
 @main.command(name="shared-server")
 @click.option("--socket", "socket_path", required=True, type=click.Path(dir_okay=False), help="Unix socket to listen on (mode 0600).")
-@click.option("--settings", "settings_json", required=True, help="The Spark settings, as JSON: 'master', 'confs' and the engine options of 'run'.")
+@click.option("--settings", "settings_json", required=True, help="The Spark settings, as JSON: 'master', 'confs' and the engine options of 'run'; '-' reads them from stdin (how 'run' passes them: a --conf may hold a secret, and a command line is anyone's to read).")
 @click.option("--idle-exit", type=DurationType(), default="10m", show_default=True, help="Exit after serving no task for this long.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=1000, show_default=True, help="Tasks at most; one beyond gets an ErrorResponse saying so.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False), default="info", show_default=True)
@@ -148,13 +148,14 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     $XDG_RUNTIME_DIR/udf-agent, else /tmp/udf-agent-UID), logs to the .log file beside
     its socket, and exits after --idle-exit with no task."""
     import json
+    import sys
 
     from udf_agent.runtime.engines import spark_engines
     from udf_agent.runtime.logs import configure_logging
     from udf_agent.serve.shared_server import shared_socket_server
 
     try:
-        settings = json.loads(settings_json)
+        settings = json.loads(sys.stdin.read() if settings_json == "-" else settings_json)
         engines = spark_engines(settings.pop("master"), tuple((key, value) for key, value in settings.pop("confs")), **settings)
     except (ValueError, KeyError, TypeError) as exc:
         raise click.BadParameter(f"not the settings 'run' passes: {exc}", param_hint="--settings") from None

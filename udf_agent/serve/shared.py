@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from udf_agent import __version__
+from udf_agent.redaction import is_secret
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,10 @@ class ServerStart(NamedTuple):
 def remember_launch(argv: list[str], launch: Launch) -> None:
     """Records ``launch`` for the next task started with ``argv`` (written whole or not at all)."""
     path = os.path.join(launch.server.directory, f"{launch_key(argv)}.launch")
+    if launch.start is not None and any(is_secret(name) for name, _ in launch.start.settings.get("confs", ())):
+        # Secrets are never written: the next task parses its command line, as the first did.
+        log.info("this launch is not remembered: a --conf of it holds a secret (%s)", ", ".join(name for name, _ in launch.start.settings["confs"] if is_secret(name)))
+        return
     record = {"server": launch.server.key, "hello": launch.hello, "log_level": launch.log_level, "log_format": launch.log_format, "asked_of_server": launch.asked_of_server._asdict()}
     if launch.start is not None:
         record["start"] = launch.start._asdict()
@@ -375,14 +380,23 @@ def _start(server: SharedServer, settings: dict[str, Any], idle_exit: float, ser
         server.socket_path,
         "--idle-exit",
         f"{idle_exit}s",
+        # On its stdin, not its command line, which anyone on the host can read (ps): a --conf
+        # may hold a secret (spark.authenticate.secret).
         "--settings",
-        json.dumps(settings, sort_keys=True),
+        "-",
         *server_args,
     ]
     with open(server.log_path, "ab") as log:
         # Its own session: Kapacitor stopping or killing this task's process leaves it be.
         # No descriptor of ours is inherited: Kapacitor must see our stdout close with us.
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, close_fds=True)
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, close_fds=True)
+    assert process.stdin is not None
+    try:
+        with process.stdin:
+            process.stdin.write(json.dumps(settings, sort_keys=True).encode())
+    except BrokenPipeError:
+        pass  # it exited at once: _wait_listening reports it, with its log
+    return process
 
 
 def _wait_listening(server: SharedServer, process: subprocess.Popen[bytes]) -> socket.socket:
