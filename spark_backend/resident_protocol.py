@@ -345,7 +345,8 @@ class Link:
         return True
 
     def _read(self, into: memoryview, deadline: float | None) -> int:
-        if deadline is not None and not self._decrypted():
+        # Over TLS a read is tried first: a payload comes as many records, most already arrived.
+        if deadline is not None and not self._tls:
             self._wait(self._readable, deadline)
         while True:
             try:
