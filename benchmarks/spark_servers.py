@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from spark_backend.class_archive import java_option
@@ -64,16 +64,21 @@ class Daemons:
             self.env["SPARK_DAEMON_JAVA_OPTS"] = self.java_options
         self.started: list[subprocess.Popen[bytes]] = []
         self._named: dict[str, tuple[subprocess.Popen[bytes], tuple[str, ...]]] = {}
+        self._placed: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}  # each daemon's prefix and env (``start``)
 
-    def start(self, name: str, program: str, *args: str) -> Path:
+    def start(self, name: str, program: str, *args: str, prefix: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Path:
+        """Starts ``program`` of Spark's bin/ with ``args``; its log's path. ``prefix`` goes
+        before the command (say ``ip netns exec NAME``, which execs it: the process is still
+        the daemon's), ``env`` over this object's environment."""
         log_path = self.work / f"{name}.log"
         with open(log_path, "ab") as log:  # a restarted daemon's log follows its first life's
             process = subprocess.Popen(
-                [os.path.join(self.spark_home, "bin", program), *args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=str(self.work), start_new_session=True,
+                [*prefix, os.path.join(self.spark_home, "bin", program), *args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, cwd=str(self.work), start_new_session=True,
             )
         self.started.append(process)
         self._named[name] = (process, (program, *args))
+        self._placed[name] = (tuple(prefix), dict(env or {}))
         return log_path
 
     def restart(self, name: str) -> Path:
@@ -81,7 +86,8 @@ class Daemons:
         starts it again with the same command line; its log path."""
         process, command = self._named[name]
         _kill_group(process, signal.SIGKILL)
-        return self.start(name, *command)
+        prefix, env = self._placed.get(name, ((), {}))
+        return self.start(name, *command, prefix=prefix, env=env)
 
     def wait_for(self, what: str, check: Callable[[], bool], log_path: Path, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
