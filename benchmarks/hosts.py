@@ -9,7 +9,7 @@ a process of host B that could see host A's temporary files (an agent's unix soc
 would never touch the network. Host A sees B's just as little.
 
 On it: a Spark standalone cluster (``start_cluster``: the master and a 1-core worker on A,
-a 1-core worker on B), processes on either host (``popen``, ``agent`` for ``udf-agent``
+a 1-core worker on B), processes on either host (``Host.run``, ``agent`` for ``udf-agent``
 under ``udf_agent.testing.KapacitorDriver``), and packet captures of a host's veth end
 (``capture``: a raw AF_PACKET socket, in pcap format). Everything is removed on the way out,
 also when the caller fails: captures, processes, daemons, anything still running in the
@@ -97,14 +97,6 @@ class Host:
         found = os.stat(f"/run/netns/{self.netns}")
         return found.st_dev, found.st_ino
 
-    def holds(self, pid: int) -> bool:
-        """Whether process ``pid`` runs in this host's network namespace."""
-        return _netns_of(pid) == self.netns_id()
-
-    def pids(self) -> list[int]:
-        """The processes in this host's network namespace."""
-        return _pids_in(self.netns)
-
     def run(self, *args: str, env: Mapping[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*self.prefix(), *args], env={**os.environ, **self.env(), **(env or {})}, **kwargs)
 
@@ -133,7 +125,9 @@ class Capture:
 
     def captured_bytes(self) -> bytes:
         """Every captured frame's bytes, one after the other: what crossed the wire, to search
-        for strings that must (or must not) have crossed in the clear."""
+        for strings that must (or must not) have crossed in the clear. Search for long strings
+        (a random token of 16 bytes or more): a capture of a few hundred kilobytes holds any
+        given 2-byte string by chance."""
         return b"".join(frame for _, frame in self.frames())
 
     def tcp(self) -> list[Segment]:
@@ -196,14 +190,6 @@ class TwoHosts:
             _empty_and_delete(host.netns)
 
     # ---- running things ----
-
-    def popen(self, host: Host, *args: str, env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
-        """Starts ``args`` on ``host`` in a process group of its own; stopped (SIGTERM, then
-        SIGKILL) on the way out if it still runs."""
-        kwargs.setdefault("start_new_session", True)
-        process = subprocess.Popen([*host.prefix(), *args], env={**os.environ, **host.env(), **(env or {})}, **kwargs)
-        self._processes.append(process)
-        return process
 
     def agent(self, *args: str, host: Host | None = None, env: Mapping[str, str] | None = None, cwd: str = ROOT) -> KapacitorDriver:
         """``udf-agent ARGS`` on ``host`` (A by default), driven as Kapacitor drives it; killed

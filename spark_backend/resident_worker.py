@@ -180,8 +180,9 @@ def _join_agent(address: WorkerAddress, token: str, slot: int, launch: int) -> L
         sock.close()
         return None
     kind, challenge = welcome
-    if kind != WELCOME or not proven(agent_proof(token, nonce, bytes(challenge[:NONCE_BYTES])), challenge[NONCE_BYTES:]):
+    agent_nonce = bytes(challenge[:NONCE_BYTES])
+    if kind != WELCOME or not proven(agent_proof(token, nonce, agent_nonce), challenge[NONCE_BYTES:]):
         sock.close()
         raise ConnectionError("the agent did not prove it holds this task's token")
-    link.send(PROOF, worker_proof(token, bytes(challenge[:NONCE_BYTES]), hello))
+    link.send(PROOF, worker_proof(token, agent_nonce, hello))
     return link

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from udf_agent.redaction import REDACTED, is_secret, redacted_settings, redacted_url
+from udf_agent.redaction import REDACTED, is_secret, redacted_url, redacted_value
 
 
 @pytest.mark.parametrize(
@@ -23,13 +23,13 @@ from udf_agent.redaction import REDACTED, is_secret, redacted_settings, redacted
 )
 def test_a_setting_named_for_a_secret_is_redacted(name):
     assert is_secret(name)
-    assert redacted_settings({name: "hunter2"}) == {name: REDACTED}
+    assert redacted_value(name, "hunter2") == REDACTED
 
 
 @pytest.mark.parametrize("name", ["spark.sql.shuffle.partitions", "spark.authenticate", "spark.network.crypto.enabled", "spark.driver.host", "spark.cores.max"])
 def test_other_settings_are_shown_as_they_are(name):
     assert not is_secret(name)
-    assert redacted_settings({name: "4"}) == {name: "4"}
+    assert redacted_value(name, "4") == "4"
 
 
 def test_a_spark_connect_urls_token_is_redacted_and_the_rest_kept():

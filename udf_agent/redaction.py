@@ -5,7 +5,6 @@ such a parameter of a Spark Connect URL (``sc://host:15002/;token=...``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 
 REDACTED = "*********(redacted)"
 # Spark's own spark.redaction.regex is (?i)secret|password|token|access[.]?key; any key too
@@ -21,14 +20,6 @@ def is_secret(name: str) -> bool:
 
 def redacted_value(name: str, value: object) -> object:
     return REDACTED if is_secret(name) else value
-
-
-def redacted_settings(settings: Mapping[str, object]) -> dict[str, object]:
-    return {name: redacted_value(name, value) for name, value in settings.items()}
-
-
-def redacted_pairs(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, object]]:
-    return [(name, redacted_value(name, value)) for name, value in pairs]
 
 
 def redacted_url(url: str) -> str:
