@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING
 
 from spark_backend.fairness import FairShares, Ticket
 from spark_backend.resident_protocol import FAILURE, OVER_MEMORY
-from spark_backend.resident_slots import FORCED_RELAUNCH_INTERVAL, START_TIMEOUT, ResidentSlots, Worker, WorkerLost, WorkerOverMemory, WorkerTimedOut
+from spark_backend.resident_slots import (
+    FORCED_RELAUNCH_INTERVAL,
+    START_TIMEOUT,
+    ResidentSlots,
+    Worker,
+    WorkerLost,
+    WorkerLostTwice,
+    WorkerOverMemory,
+    WorkerTimedOut,
+)
 from udf_agent.errors import first_line
 
 if TYPE_CHECKING:
@@ -136,7 +145,7 @@ class WorkerGrants:
         report = "" if isinstance(lost, WorkerTimedOut) else worker.crash_report()
         happened = f"{lost} while computing {what}{report}"
         if retry_of is not None:
-            raise WorkerLost(f"{work} failed twice on Spark's resident workers: {retry_of}; then {happened}") from None
+            raise WorkerLostTwice(f"{work} failed twice on Spark's resident workers: {retry_of}; then {happened}") from None
         return happened
 
     def answered(self, worker: Worker, key: Hashable, tenant: Tenant | None, kind: int, payload: bytes | bytearray, what: str) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 from spark_backend.resident_protocol import HELLO, PROOF, WELCOME, JobCache, Link, WorkerAddress, clock_id
 from spark_backend.resident_worker import serve_slot
 from spark_backend.worker_channel import NONCE_BYTES, AgentCertificate, agent_proof, new_nonce, proven, worker_proof
+from udf_agent.compute.engine import ComputeFailed
 from udf_agent.errors import first_line
 
 if TYPE_CHECKING:  # the workers import this module: no Spark session code there
@@ -63,7 +64,11 @@ class WorkerTimedOut(WorkerLost):
     """A worker returned nothing within the batch timeout (stuck, or a UDF that slow)."""
 
 
-class WorkerOverMemory(RuntimeError):
+class WorkerLostTwice(WorkerLost, ComputeFailed):
+    """A part's worker was lost, and so was the fresh one its retry ran on."""
+
+
+class WorkerOverMemory(ComputeFailed):
     """A worker passed --worker-memory while computing: the UDF's own doing, not retried."""
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.compute.engine import CHAINED_SLICE_BYTES, LocalEngine
+from udf_agent.compute.engine import CHAINED_SLICE_BYTES, ComputeFailed, LocalEngine
 from udf_agent.library.builtins import moving_avg
 from udf_agent.options import parse_options
 from udf_agent.runtime.checkpoints import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, Checkpoints
@@ -17,7 +17,7 @@ from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Compute
 from udf_agent.runtime.logs import TaskLabels
-from udf_agent.runtime.runner import MicroBatchRunner
+from udf_agent.runtime.runner import MicroBatchRunner, UDFError
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.testing import grouped_point, option
 from udf_agent.wire.batches import StreamMicroBatch
@@ -92,8 +92,8 @@ class _Collecting:
         self.frames.append(frame)
 
 
-def _moving_avg_runner(engines: Engines) -> MicroBatchRunner:
-    runner = MicroBatchRunner(AgentConfig(), engines, _Collecting(), replies=None, labels=TaskLabels(), stats=TaskStats())  # type: ignore[arg-type]
+def _moving_avg_runner(engines: Engines, config: AgentConfig | None = None) -> MicroBatchRunner:
+    runner = MicroBatchRunner(config or AgentConfig(), engines, _Collecting(), replies=None, labels=TaskLabels(), stats=TaskStats())  # type: ignore[arg-type]
     runner.options = parse_options(moving_avg.options, [option("field", "value"), option("size", 2)])
     runner.adopt(moving_avg)
     return runner
@@ -222,6 +222,45 @@ class _SlowChain(LocalEngine):
 
 
 SLOW_CALL = 0.3
+
+
+class _CrashingChain(LocalEngine):
+    """Chains the next micro-batch, then fails the first for good (as the resident workers do
+    when the UDF crashed a fresh worker after the first); notes every other call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computed: list[int] = []  # the points of each micro-batch computed outside the chain
+
+    def chain_stream(self, job, tasks, tenant, follow):  # type: ignore[no-untyped-def]
+        assert follow() is not None  # no group in common: chained behind
+        raise ComputeFailed("UDF 'moving_avg': a micro-batch of 1 group(s) failed twice on Spark's resident workers")
+        yield  # a generator, as chains are
+
+    def run_stream(self, job, tasks, tenant=None):  # type: ignore[no-untyped-def]
+        self.computed.append(tasks.num_rows)
+        return super().run_stream(job, tasks, tenant)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_chained_micro_batch_that_failed_for_good_is_not_computed_again(on_error):
+    """A micro-batch the engine failed for good (its UDF crashed a fresh worker after the
+    first) is never computed again after the chain: on the resident workers that took down a
+    third worker, perhaps the one a neighbour's micro-batch was waiting for. It fails as any
+    engine failure does; the micro-batch chained behind it is computed on its own."""
+    engine = _CrashingChain()
+    runner = _moving_avg_runner(Engines(lambda: engine), AgentConfig(on_error=on_error))
+    queued = [_micro_batch([(1, "b")])]
+    runner.take_next = lambda: queued.pop() if queued else None
+    if on_error == "fail":
+        with pytest.raises(UDFError, match="failed twice on Spark's resident workers"):
+            runner.run(Compute(_micro_batch([(0, "a")])))
+        assert engine.computed == []
+        return
+    runner.run(Compute(_micro_batch([(0, "a")])))
+    assert engine.computed == [1]  # the second, alone
+    assert runner.stats.skipped == 1  # the first's point, set aside
+    assert _output_times(runner.writer.frames) == [1]  # type: ignore[attr-defined]
 
 
 def test_a_micro_batch_taken_while_one_computes_and_held_shows_its_wait():

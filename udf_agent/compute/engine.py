@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 CHAINED_SLICE_BYTES = 32 * 1024
 
 
+class ComputeFailed(RuntimeError):
+    """The engine computed a micro-batch and it failed for good: the UDF crashed a fresh worker
+    after it had crashed one, or passed its memory limit. Computed again, it would take another
+    worker down with it, perhaps one a neighbour's micro-batch needs: the caller does not."""
+
+
 class EngineStartError(RuntimeError):
     """The engine cannot start (Spark unreachable, no Java): the message says why and what to
     do, and a traceback would add nothing to it."""

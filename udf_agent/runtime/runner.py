@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from udf_agent.api import UDFSpec
-from udf_agent.compute.engine import CHAINED_SLICE_BYTES, EngineStartError
+from udf_agent.compute.engine import CHAINED_SLICE_BYTES, ComputeFailed, EngineStartError
 from udf_agent.errors import first_line
 from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.engines import Engines
@@ -247,6 +247,11 @@ class MicroBatchRunner:
                 except Exception as exc:
                     if broken:
                         raise  # the micro-batch taken is not the engine's to lose: the task fails, saying why
+                    if isinstance(exc, ComputeFailed):  # the first not answered: computed again, it would fail again
+                        link, failed = out.popleft()
+                        self.computing -= link.batch.count
+                        self._engine_failed(job, exc, failed, link.task_tables, link.done)
+                        self._output(link)
                     log.warning("chained micro-batches' engine call failed (%s): the %d not answered are computed one by one", first_line(exc), len(out))
                     break
                 link, computed = out.popleft()
@@ -316,25 +321,29 @@ class MicroBatchRunner:
     def _compute_slice(self, job: Job, engine: Engine, tasks: Tasks, task_tables: TaskTables, done: _Computed) -> bool:
         """Runs one slice of tasks and keeps its groups' new history and state; False once a
         failure ends the micro-batch (``done.failure``)."""
-        keys = task_tables.keys(tasks)
         try:
             results = task_tables.run(engine, job, tasks, self.stats)
         except Exception as exc:
-            if isinstance(exc, EngineStartError):
-                log.error("compute engine failed: %s", exc)
-            else:
-                log.exception("compute engine failed")
-            every = range(len(keys))
-            points = sum(task_tables.points_in(tasks, every))
-            message = f"compute engine failed on {len(keys)} group(s), {points} point(s): {first_line(exc)}"
-            if self.config.on_error == "fail":
-                raise UDFError(message) from exc
-            self._set_aside(job.spec.name, message, task_tables.points(tasks, every), points)
-            done.set_aside = True
+            self._engine_failed(job, exc, tasks, task_tables, done)
             return True
         if self.abandoned:
             return False
         return self._keep_results(job, tasks, task_tables, results, done)
+
+    def _engine_failed(self, job: Job, exc: Exception, tasks: Tasks, task_tables: TaskTables, done: _Computed) -> None:
+        """The engine failed a slice: UDFError with --on-error fail, else its points set aside."""
+        if isinstance(exc, EngineStartError):
+            log.error("compute engine failed: %s", exc)
+        else:
+            log.error("compute engine failed", exc_info=exc)
+        keys = task_tables.keys(tasks)
+        every = range(len(keys))
+        points = sum(task_tables.points_in(tasks, every))
+        message = f"compute engine failed on {len(keys)} group(s), {points} point(s): {first_line(exc)}"
+        if self.config.on_error == "fail":
+            raise UDFError(message) from exc
+        self._set_aside(job.spec.name, message, task_tables.points(tasks, every), points)
+        done.set_aside = True
 
     def _keep_results(self, job: Job, tasks: Tasks, task_tables: TaskTables, results: ResultColumns, done: _Computed) -> bool:
         """Keeps a slice's groups' new history and state and its output frames; False once a
