@@ -138,11 +138,12 @@ def test_other_spark_settings_get_their_own_server(drivers, shared_dir):
     def written() -> bytes:
         return b"".join(path.read_bytes() for path in Path(shared_dir).iterdir() if path.is_file())
 
-    deadline = time.monotonic() + 180  # the server's Spark starts in the background
-    while b"Spark conf spark.sql.shuffle.partitions=3" not in written():
+    # The server's Spark starts in the background and logs one setting per line: wait for the
+    # line this test is about, not for the one before it.
+    deadline = time.monotonic() + 180
+    while b"Spark conf spark.authenticate.secret=*********(redacted)" not in written():
         assert time.monotonic() < deadline, written()[-3000:]
         time.sleep(0.5)
-    assert b"Spark conf spark.authenticate.secret=*********(redacted)" in written()
     assert secret.encode() not in written()
 
 
