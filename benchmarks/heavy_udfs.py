@@ -36,3 +36,14 @@ def sleeps(df: Any, ctx: Any) -> Any:
     neighbour of ``benchmarks/neighbours.py``."""
     time.sleep(ctx.options["seconds"])
     return df
+
+
+@stream_udf(options=[Option("micros", float, default=400.0)])
+def burns(df: Any, ctx: Any) -> Any:
+    """Spends ``micros`` of CPU a point (a busy loop, the GIL held as pure Python holds it),
+    then echoes: a CPU-bound stream UDF, whose rate is the cores it computes on
+    (``benchmarks/deployment.py --only-stream-scaling``)."""
+    until = time.thread_time() + len(df) * ctx.options["micros"] / 1e6
+    while time.thread_time() < until:
+        pass
+    return df

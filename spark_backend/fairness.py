@@ -14,7 +14,10 @@ it under the slots' Condition and wakes the waiters. The policy, max-min fair by
 
 Slots are not preempted: a part of a micro-batch, once on a worker, runs to its end. The
 engine splits a slow tenant's micro-batch into parts of about ``QUANTUM`` seconds while
-others are active, so they get slots between its parts.
+others are active, so they get slots between its parts. A micro-batch expected to compute for
+``SPLIT_SECONDS`` or more is cut into a part per slot of the tenant's share, whoever else is
+active: its groups are independent, so a task whose UDF is the cost computes on every core it
+may hold, not on one.
 """
 
 from __future__ import annotations
@@ -27,10 +30,50 @@ from dataclasses import dataclass, field
 
 # A tenant stays active (its share reserved) this long after its last use of a slot.
 ACTIVE_WINDOW = 10.0
+# A tenant idle this long is forgotten, its estimates with it.
+FORGET_AFTER = 6 * ACTIVE_WINDOW
 # While other tenants are active, a micro-batch is cut into parts expected to take about this long.
 QUANTUM = 0.05
-# Weight of the newest part in a tenant's running seconds-per-group estimate.
+# A micro-batch expected to compute this long is worth a part per slot: a part costs the agent
+# ~0.1-0.3 ms more (its send, its answer read, the wait for the slowest part), a few percent of this.
+SPLIT_SECONDS = 0.005
+# Weight of the newest part in a tenant's running estimates of its parts' cost.
 ESTIMATE_WEIGHT = 0.3
+# Parts' sizes must spread this much (their deviation over their mean) for a line to be fitted.
+FIT_SPREAD = 0.25
+
+
+@dataclass
+class PartCost:
+    """A tenant's part time as a line, ``seconds = fixed + per_group * groups``, fitted to its
+    recent parts (running means, the newest weighing ``ESTIMATE_WEIGHT``). Taken as a rate per
+    group, a trickle's one-group parts (nearly all of them what any part costs: its send, its
+    answer, the UDF's call) made a burst's hundred groups look a hundred times as long. While
+    the parts are all about one size, the rate per group is all there is to go by."""
+
+    groups: float = 0.0
+    seconds: float = 0.0
+    groups_squared: float = 0.0
+    groups_seconds: float = 0.0
+    parts: int = 0
+
+    def add(self, groups: int, seconds: float) -> None:
+        weight = 1.0 if self.parts == 0 else ESTIMATE_WEIGHT
+        self.groups += weight * (groups - self.groups)
+        self.seconds += weight * (seconds - self.seconds)
+        self.groups_squared += weight * (groups * groups - self.groups_squared)
+        self.groups_seconds += weight * (groups * seconds - self.groups_seconds)
+        self.parts += 1
+
+    def expected(self, groups: int) -> float | None:
+        """Seconds a part of ``groups`` groups is expected to take (None: nothing measured)."""
+        if self.parts == 0:
+            return None
+        variance = self.groups_squared - self.groups * self.groups
+        if variance <= (FIT_SPREAD * self.groups) ** 2:
+            return groups * self.seconds / self.groups
+        per_group = max(0.0, (self.groups_seconds - self.groups * self.seconds) / variance)
+        return max(0.0, self.seconds + per_group * (groups - self.groups))
 
 
 @dataclass(eq=False)
@@ -49,7 +92,7 @@ class _Tenant:
     held: int = 0
     last_used: float = -math.inf
     waiting: deque[Ticket] = field(default_factory=deque)
-    seconds_per_group: float | None = None
+    cost: PartCost = field(default_factory=PartCost)
 
 
 class FairShares:
@@ -118,22 +161,24 @@ class FairShares:
     def others_active(self, tenant: Hashable, now: float) -> bool:
         return self.active(now) - (1 if self._is_active(tenant, now) else 0) > 0
 
-    def parts_for(self, tenant: Hashable, groups: int, now: float) -> int:
-        """How many parts to cut a micro-batch of ``groups`` groups into so that, while other
-        tenants are active, no part is expected to hold a slot much past ``QUANTUM``."""
+    def parts_for(self, tenant: Hashable, groups: int, slots: int, now: float) -> int:
+        """How many parts to cut a micro-batch of ``groups`` groups into: one per slot of the
+        tenant's share when it is expected to compute for ``SPLIT_SECONDS`` or more, and, while
+        other tenants are active, enough that no part is expected to hold a slot much past
+        ``QUANTUM``."""
         state = self._tenants.get(tenant)
-        if groups <= 1 or state is None or state.seconds_per_group is None or not self.others_active(tenant, now):
+        expected = None if groups <= 1 or state is None else state.cost.expected(groups)
+        if expected is None:
             return 1
-        return max(1, min(groups, math.ceil(groups * state.seconds_per_group / QUANTUM)))
+        spread = min(groups, self.share(slots, now)) if expected >= SPLIT_SECONDS else 1
+        if not self.others_active(tenant, now):
+            return spread
+        return max(spread, min(groups, math.ceil(expected / QUANTUM)))
 
     def measured(self, tenant: Hashable, groups: int, seconds: float) -> None:
         """A part of ``groups`` groups took ``seconds`` on its worker."""
-        if groups <= 0:
-            return
-        state = self._tenant(tenant)
-        per_group = seconds / groups
-        previous = state.seconds_per_group
-        state.seconds_per_group = per_group if previous is None else previous + ESTIMATE_WEIGHT * (per_group - previous)
+        if groups > 0:
+            self._tenant(tenant).cost.add(groups, seconds)
 
     def _is_active(self, tenant: Hashable, now: float) -> bool:
         state = self._tenants.get(tenant)
@@ -147,6 +192,6 @@ class FairShares:
 
     def _forget_idle(self, now: float) -> None:
         """Tenants idle for long are dropped, so a server that saw many tasks keeps no trace of them."""
-        stale = [key for key, state in self._tenants.items() if not state.held and not state.waiting and now - state.last_used >= 6 * self.active_window]
+        stale = [key for key, state in self._tenants.items() if not state.held and not state.waiting and now - state.last_used >= FORGET_AFTER]
         for key in stale:
             del self._tenants[key]

@@ -47,10 +47,11 @@ class WorkerGrants:
 
     def parts_for(self, key: Hashable, rows: int) -> tuple[int, int]:
         """The slots a micro-batch of ``rows`` groups may use now, and the parts it is cut
-        into at least (a slow task's micro-batch lets other tasks' parts run between its own)."""
+        into at least: one per slot when its compute is worth spreading, and enough that a slow
+        task's micro-batch lets other tasks' parts run between its own."""
         with self._cond:
             now = time.monotonic()
-            return self._fair.share(self._slots.count, now), self._fair.parts_for(key, rows, now)
+            return self._fair.share(self._slots.count, now), self._fair.parts_for(key, rows, self._slots.count, now)
 
     def measured(self, key: Hashable, rows: int, seconds: float) -> None:
         """A part of ``rows`` groups took ``seconds``: what the task's next parts are sized by."""

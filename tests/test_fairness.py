@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from spark_backend.fairness import ACTIVE_WINDOW, QUANTUM, FairShares
+import pytest
+
+from spark_backend.fairness import ACTIVE_WINDOW, QUANTUM, SPLIT_SECONDS, FairShares
 
 
 def test_a_tenant_alone_may_hold_every_slot():
@@ -58,11 +60,34 @@ def test_a_slow_tenants_micro_batch_is_cut_into_quanta_only_while_others_are_act
     shares.grant(shares.wait("slow", 0.0), 0.0)
     shares.release("slow", 0.0)
     shares.measured("slow", groups=10, seconds=10.0)  # a second a group
-    assert shares.parts_for("slow", 10, 0.0) == 1  # alone: nobody to make room for
+    assert shares.parts_for("slow", 10, 1, 0.0) == 1  # alone on one slot: nobody to make room for
     shares.wait("fast", 0.0)
-    assert shares.parts_for("slow", 10, 0.0) == 10
+    assert shares.parts_for("slow", 10, 1, 0.0) == 10
     shares.measured("quick", groups=100, seconds=100 * QUANTUM / 400)
-    assert shares.parts_for("quick", 100, 0.0) == 1  # a whole micro-batch fits in a quantum
+    assert shares.parts_for("quick", 100, 1, 0.0) == 1  # a whole micro-batch fits in a quantum
+
+
+def _alone(tenant: str, groups: int, seconds: float) -> FairShares:
+    """Shares with one tenant, which has just computed ``groups`` groups in ``seconds``."""
+    shares = FairShares()
+    shares.grant(shares.wait(tenant, 0.0), 0.0)
+    shares.release(tenant, 0.0)
+    shares.measured(tenant, groups=groups, seconds=seconds)
+    return shares
+
+
+def test_a_micro_batch_worth_spreading_gets_a_part_per_slot_of_its_share():
+    heavy = _alone("heavy", groups=20, seconds=20 * SPLIT_SECONDS)  # a group: SPLIT_SECONDS
+    assert heavy.parts_for("heavy", 20, 4, 0.0) == 4  # alone: every slot
+    assert heavy.parts_for("heavy", 3, 4, 0.0) == 3  # never more parts than groups
+    assert heavy.parts_for("heavy", 1, 4, 0.0) == 1
+    assert heavy.parts_for("unknown", 20, 4, 0.0) == 1  # nothing measured yet
+    light = _alone("light", groups=20, seconds=20 * SPLIT_SECONDS / 40)  # 20 groups: half of it
+    assert light.parts_for("light", 20, 4, 0.0) == 1  # cheaper to compute whole than to split
+    assert light.parts_for("light", 80, 4, 0.0) == 4  # four times as many: worth it
+    heavy.grant(heavy.wait("neighbour", 0.0), 0.0)  # two active tenants: a share of 2 slots each
+    assert heavy.parts_for("heavy", 4, 4, 0.0) == 2
+    assert heavy.parts_for("heavy", 40, 1, 0.0) == 4  # one slot: a part per quantum, as before
 
 
 def test_tenants_idle_for_long_are_forgotten():
@@ -85,3 +110,26 @@ def test_others_waiting_counts_only_the_other_tenants_waiters():
     assert shares.others_waiting("a") and not shares.others_waiting("b")
     shares.withdraw(other)
     assert not shares.others_waiting("a")
+
+
+def test_a_trickles_one_group_parts_do_not_make_a_burst_look_long():
+    # What any part costs (send, answer, the UDF's call) is most of a one-group part's time.
+    shares = _alone("moving_avg", groups=1, seconds=0.001)
+    for _ in range(10):
+        shares.measured("moving_avg", groups=1, seconds=0.001)
+    # Only one size seen: a rate per group is all there is, and a first burst is spread.
+    assert shares.parts_for("moving_avg", 100, 2, 0.0) == 2
+    shares.measured("moving_avg", groups=100, seconds=0.003)
+    for _ in range(20):  # the burst's measure holds through the trickle that follows it
+        shares.measured("moving_avg", groups=1, seconds=0.001)
+        assert shares.parts_for("moving_avg", 100, 2, 0.0) == 1
+    cost = shares._tenants["moving_avg"].cost
+    assert cost.expected(100) == pytest.approx(0.003, rel=0.05) and cost.expected(1) == pytest.approx(0.001, rel=0.05)
+
+
+def test_parts_all_of_one_size_are_costed_by_their_rate_per_group():
+    shares = _alone("heavy", groups=20, seconds=0.2)
+    shares.measured("heavy", groups=21, seconds=0.21)  # sizes this close fit no line: noise
+    cost = shares._tenants["heavy"].cost
+    assert cost.expected(40) == pytest.approx(0.4, rel=0.01)
+    assert FairShares().parts_for("nobody", 40, 2, 0.0) == 1

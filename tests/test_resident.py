@@ -86,6 +86,27 @@ def test_a_micro_batch_split_across_workers_equals_the_local_result(spark_engine
     assert list(on_spark["history"]) == list(local["history"])
 
 
+def test_a_cpu_bound_micro_batch_is_spread_over_every_worker_its_task_may_hold(spark_engine, monkeypatch):
+    # A few KiB of points, far under SPLIT_BYTES: what makes it worth spreading is its compute.
+    resident = spark_engine.resident
+    monkeypatch.setattr(resident._grants._fair, "active_window", 0.0)  # no earlier test's task is active
+    assert resident.wait_for_workers(2, timeout=120)
+    tenant = _Tenant()
+    job = Job(sample.busy_pid, {"seconds": 0.02})
+    tasks = stream_tasks(rich_points(40))  # 4 groups: 80 ms of CPU on one worker
+
+    def pids(results):
+        assert results["error"].isna().all(), results["error"].dropna().tolist()
+        return {r.point.fieldsDouble["pid"] for output in results["output"] for r in decode(output)}
+
+    first = spark_engine.run(job, tasks, tenant).to_pandas()
+    assert len(pids(first)) == 1  # nothing measured yet: one part
+    second = spark_engine.run(job, tasks, tenant).to_pandas()
+    assert pids(second) == {float(pid) for pid in resident.worker_pids()}  # a part on each worker
+    assert list(second["key"]) == list(first["key"])  # results in task order, as one part gives them
+    assert resident.held_by(tenant) == 0
+
+
 def test_a_resident_workers_full_collections_walk_only_what_came_after_its_start(spark_engine):
     # Else a full collection walks pandas, pyarrow, numba and PySpark: ~70 ms in place, a
     # stall of every point waiting on the worker, every few thousand micro-batches.
@@ -145,12 +166,13 @@ def test_a_stuck_worker_is_abandoned_at_the_batch_timeout_and_the_batch_retried(
 
 def test_a_micro_batch_that_fails_twice_names_the_udf_the_groups_and_the_cause(spark_engine, monkeypatch):
     resident = spark_engine.resident
-    # One part: no earlier test's tenant counts as active, so the fair shares cut nothing.
+    # One part: no earlier test's tenant counts as active, so the fair shares cut nothing, and a
+    # task of its own has no measure yet that would spread its micro-batch over both workers.
     monkeypatch.setattr(resident._grants._fair, "active_window", 0.0)
     launches = resident.launches
     tasks = stream_tasks(rich_points(40))
     with pytest.raises(WorkerLost) as failure:
-        spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks).to_pandas()
+        spark_engine.run(Job(sample.dies_outside, {"spare_pid": os.getpid()}), tasks, _Tenant()).to_pandas()
     message = str(failure.value)
     assert "UDF 'dies_outside'" in message and f"{len(tasks)} group(s)" in message and "failed twice" in message
     assert "was lost" in message or "closed its connection" in message

@@ -217,3 +217,13 @@ def collector_sight(df, ctx):
     import gc
 
     return df.assign(tracked=float(len(gc.get_objects())), frozen=float(gc.get_freeze_count()))
+
+
+@stream_udf(options=[Option("seconds", float, default=0.02)])
+def busy_pid(df, ctx):
+    """Spends ``seconds`` of CPU a call, then tells which process computed each point (``pid``):
+    a CPU-bound UDF whose micro-batches are worth spreading over the workers."""
+    until = time.thread_time() + ctx.options["seconds"]
+    while time.thread_time() < until:
+        pass
+    return pd.DataFrame({"pid": float(os.getpid())}, index=df.index)
