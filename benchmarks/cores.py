@@ -1,0 +1,184 @@
+"""A task's rate against the cores it holds, for a stream and a batch UDF.
+
+Issue N's target: given N cores by hand, a CPU-bound stream UDF computes >= 0.85 x N x one
+core's rate, on one host's ``local[2]`` and on two hosts with a 1-core worker each. The stream
+UDF is ``benchmarks.heavy_udfs:burns`` (``--micros`` of CPU a point, 20 series), fed more than
+the cores can compute, so its output rate is what they compute; each figure is the output rate
+over the last two thirds of ``--seconds`` of feeding, the task warm on its resident workers.
+The batch UDF is ``deployment.py``'s scaling case (16 batches sent at once, a standalone cluster
+of one and then two 1-core workers). The one-core rate is measured in the same run.
+
+    .venv/bin/python benchmarks/cores.py [--seconds 20] [--no-batch] [--no-two-hosts] [--json PATH]
+
+Two hosts are network namespaces (``benchmarks/hosts.py``): root only; skipped, saying why,
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks.deployment import CLOCK_TICKS, TreeCPU  # noqa: E402
+from benchmarks.driver import process_name  # noqa: E402
+from benchmarks.hosts import HostsUnavailable, two_hosts  # noqa: E402
+from udf_agent import udf_pb2  # noqa: E402
+from udf_agent.testing import KapacitorDriver, grouped_point, option  # noqa: E402
+from udf_agent.wire.frames import encode_frame  # noqa: E402
+
+SECOND = 1_000_000_000
+SERIES = 20
+STREAM_UDF = "benchmarks.heavy_udfs:burns"
+READY = "compute engine ready"
+TARGET = 0.85
+# A task this far behind gathers micro-batches up to --max-batch-points (50,000 by default: 10 s
+# of this UDF's compute on two cores); smaller ones give a rate many micro-batches measure.
+MICRO_BATCH_POINTS = "2000"
+
+
+def busy_cores() -> tuple[float, float]:
+    """The machine's busy and total CPU seconds so far (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(value) for value in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / CLOCK_TICKS, sum(ticks) / CLOCK_TICKS
+
+
+def feed_and_count(driver: KapacitorDriver, rate: float, seconds: float) -> dict[str, float]:
+    """Feeds ``rate`` points/s over SERIES series for ``seconds``; the output rate over the
+    last two thirds (the first third fills the backlog and settles the parts' estimates), and
+    the cores busy meanwhile: the agent's tree (its JVM and workers, on one host), this
+    feeding process, and the whole machine."""
+    # Framed before the clock starts: on a machine of two cores the feeder's CPU is the workers' loss.
+    frames = [encode_frame(udf_pb2.Request(point=grouped_point(i * SECOND, f"s{i % SERIES}", 1.0))) for i in range(int(rate * seconds) + 1)]
+    sent, started, marks = 0, time.monotonic(), []
+    window: tuple[TreeCPU, float, tuple[float, float]] | None = None
+    while (elapsed := time.monotonic() - started) < seconds:
+        if window is None and elapsed >= seconds / 3:
+            window = (TreeCPU(driver.process.pid), sum(os.times()[:2]), busy_cores())
+        due = int(elapsed * rate)
+        if due > sent:
+            driver.send_raw(b"".join(frames[sent:due]))
+            sent = due
+        marks.append((time.monotonic() - started, len(driver.responses.of("point"))))
+        time.sleep(0.01)
+    # Outputs come a micro-batch at a time: the rate between the first and the last micro-batch
+    # answered in the window, not between two instants that cut micro-batches.
+    answered = [mark for before, mark in zip(marks, marks[1:]) if mark[1] > before[1] and mark[0] >= seconds / 3]
+    if len(answered) < 3:
+        raise RuntimeError(f"{len(answered)} micro-batches answered in {seconds * 2 / 3:.0f} s: too few to measure a rate")
+    first, last = answered[0], answered[-1]
+    assert window is not None
+    tree, feeder, (busy, total) = window
+    wall = last[0] - first[0]
+    now_busy, now_total = busy_cores()  # to the end of the feed: about the window
+    return {
+        "fed_per_s": round(rate),
+        "points_per_s": round((last[1] - first[1]) / wall),
+        "micro_batches": len(answered),
+        "backlog_at_end": sent - marks[-1][1],
+        "agent_tree_cores": round(tree.used() / wall, 2),
+        "by_process": {f"{pid} {process_name(pid)}": round(cpu / wall, 2) for pid, cpu in sorted(tree.used_by_pid().items(), key=lambda item: -item[1])[:5]},
+        "feeder_cores": round((sum(os.times()[:2]) - feeder) / wall, 2),
+        "machine_busy_of_cores": f"{(now_busy - busy) / wall:.2f} of {(now_total - total) / wall:.2f}",
+    }
+
+
+def run_stream(driver: KapacitorDriver, micros: float, rate: float, seconds: float) -> dict[str, float]:
+    """Inits the task, waits for its resident workers, warms it, then ``feed_and_count``."""
+    try:
+        if not driver.init(option("micros", micros), timeout=180).success:
+            raise RuntimeError(f"the task did not start: {driver.log()[-2000:]}")
+        deadline = time.monotonic() + 180
+        while READY not in driver.log():
+            if time.monotonic() > deadline or driver.process.poll() is not None:
+                raise RuntimeError(f"no {READY!r}: {driver.log()[-2000:]}")
+            time.sleep(0.2)
+        for i in range(SERIES):
+            driver.send(udf_pb2.Request(point=grouped_point(i, f"s{i}", 1.0)))
+        driver.responses.wait_for("point", SERIES, timeout=120)
+        time.sleep(2)
+        return feed_and_count(driver, rate, seconds)
+    finally:
+        driver.kill()
+
+
+def stream_one_host(cores: int, micros: float, rate: float, seconds: float) -> dict[str, float]:
+    driver = KapacitorDriver("run", STREAM_UDF, "--master", f"local[{cores}]", "--max-batch-points", MICRO_BATCH_POINTS, env={"UDF_AGENT_OWN_SPARK": "1"}, cwd=REPO)
+    return run_stream(driver, micros, rate, seconds)
+
+
+def stream_two_hosts(work: Path, micros: float, rate: float, seconds: float) -> dict[str, Any]:
+    """On hosts A and B with a 1-core worker each: the task on A holding 1 core, then 2."""
+    results: dict[str, Any] = {}
+    with two_hosts(work) as hosts:
+        url = hosts.start_cluster()
+        a = hosts.a.address
+        for cores in (1, 2):
+            driver = hosts.agent(
+                "run", STREAM_UDF, "--master", url, "--max-batch-points", MICRO_BATCH_POINTS, "--resident-idle", "10m", "--conf", f"spark.cores.max={cores}",
+                "--conf", f"spark.driver.host={a}", "--conf", f"spark.driver.bindAddress={a}", env={"UDF_AGENT_OWN_SPARK": "1"},
+            )
+            results[f"{cores}_core"] = run_stream(driver, micros, rate, seconds)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds of feeding a stream figure (default 20)")
+    parser.add_argument("--micros", type=float, default=400.0, help="CPU microseconds a point of the stream UDF (default 400)")
+    parser.add_argument("--no-batch", action="store_true", help="skip the batch UDF's figures")
+    parser.add_argument("--no-two-hosts", action="store_true", help="skip the two-host figures")
+    parser.add_argument("--json", type=Path, default=Path(REPO) / "benchmarks" / "results" / "cores.json")
+    args = parser.parse_args()
+    # Fed more than two cores compute, whatever the machine: the output rate is their rate.
+    rate = 2.5 * 1e6 / args.micros
+    report: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} CPUs, {platform.python_version()}, load at start {os.getloadavg()[0]:.2f}",
+        "stream": {"micros_a_point": args.micros, "series": SERIES, "seconds": args.seconds},
+    }
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="udf-cores-") as work:
+        print("stream, one host: local[1], local[2] ...", file=sys.stderr)
+        one = report["stream"]["local[1]"] = stream_one_host(1, args.micros, rate, args.seconds)
+        two = report["stream"]["local[2]"] = stream_one_host(2, args.micros, rate, args.seconds)
+        rows.append(("stream", "one host, own Spark", "local[1] / local[2]", one["points_per_s"], two["points_per_s"]))
+        if not args.no_two_hosts:
+            print("stream, two hosts: spark.cores.max=1, 2 ...", file=sys.stderr)
+            try:
+                hosts = report["stream"]["two_hosts"] = stream_two_hosts(Path(work) / "hosts", args.micros, rate, args.seconds)
+                rows.append(("stream", "two hosts, a 1-core worker each", "cores.max 1 / 2", hosts["1_core"]["points_per_s"], hosts["2_core"]["points_per_s"]))
+            except HostsUnavailable as exc:
+                report["stream"]["two_hosts"] = f"skipped: {exc}"
+                print(f"two hosts skipped: {exc}", file=sys.stderr)
+        if not args.no_batch:
+            from benchmarks.deployment import scaling
+
+            print("batch, standalone: 1 and 2 one-core workers ...", file=sys.stderr)
+            batch = report["batch"] = scaling(Path(work), 16, 5_000, 400)
+            rows.append(("batch", "standalone, one host", "1 / 2 workers", batch["1_executor"]["batches_per_s"], batch["2_executor"]["batches_per_s"]))
+    report["load_at_end"] = round(os.getloadavg()[0], 2)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"\n{report['machine']}, load at end {report['load_at_end']}\n")
+    print(f"| UDF | where | cores | 1 core | 2 cores | 2 cores / (2 x 1 core) | target >= {TARGET} |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for kind, where, cores, single, double in rows:
+        ratio = double / (2 * single) if single else float("nan")
+        unit = "points/s" if kind == "stream" else "batches/s"
+        print(f"| {kind} | {where} | {cores} | {single:,} {unit} | {double:,} {unit} | {ratio:.2f} | {'yes' if ratio >= TARGET else 'no'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
