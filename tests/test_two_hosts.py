@@ -19,7 +19,9 @@ import pytest
 from test_cluster import ROOT, _assert_moving_avg, _outputs, _send_points
 
 from benchmarks.hosts import HostsUnavailable, TwoHosts, tcp_sockets, two_hosts
-from udf_agent.testing import KapacitorDriver, option
+from udf_agent import udf_pb2
+from udf_agent.testing import KapacitorDriver, grouped_point, option
+from udf_agent.wire.frames import encode_frame
 
 # One test process takes them all (pytest -n 2 --dist loadgroup): clusters come and go one at a time.
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.xdist_group("cluster")]
@@ -105,6 +107,31 @@ def test_moving_avg_on_two_hosts_matches_plain_pandas_with_a_resident_worker_on_
     # Without Spark's own encryption its RPC crosses in clear (this is what makes the
     # auditor's test below one that can fail).
     assert SPARK_RPC_MARKER in capture.captured_bytes()
+
+
+def test_a_cpu_bound_stream_micro_batch_computes_on_both_hosts_each_groups_order_kept(hosts):
+    # 20 groups of a UDF spending 5 ms of CPU a call: 100 ms a micro-batch, worth a part per core.
+    driver = agent_on_a(hosts, "tests.udfs.sample:busy_pid")
+    assert driver.init(option("seconds", 0.005)).success, driver.log()[-4000:]
+    wait_for_workers(driver, 2)
+    groups, rounds = 20, 15
+    sent = 0
+    for round_number in range(rounds):
+        driver.send_raw(b"".join(encode_frame(udf_pb2.Request(point=grouped_point((round_number * groups + g) * 1_000_000, f"g{g}", 1.0))) for g in range(groups)))
+        sent += groups
+        driver.responses.wait_for("point", sent, timeout=120)  # a micro-batch of every group each round
+    outputs = driver.responses.of("point")
+    assert len(outputs) == groups * rounds
+    by_group: dict[str, list[int]] = {}
+    for output in outputs:
+        by_group.setdefault(output.tags["group"], []).append(output.time)
+    assert by_group == {f"g{g}": [(r * groups + g) * 1_000_000 for r in range(rounds)] for g in range(groups)}
+    # Parts of one micro-batch ran on each host's worker (the first micro-batches, nothing
+    # measured yet, on one).
+    late = outputs[-groups:]
+    where = [hosts.host_of(int(output.fieldsDouble["pid"])) for output in late]
+    assert {host.label if host else None for host in where} == {"A", "B"}, (where, driver.log()[-4000:])
+    assert driver.close(timeout=60) == 0, driver.log()[-4000:]
 
 
 # The endpoint an executor talks to its driver through, named in each of Spark's RPC messages
