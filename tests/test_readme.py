@@ -75,3 +75,11 @@ def test_the_readme_demo_matches_kapacitors_reference():
     done = subprocess.run([sys.executable, "examples/demo.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "demo OK: results match Kapacitor's reference" in done.stdout
+
+
+def test_the_readme_fits_on_a_page_and_every_document_it_names_exists():
+    # The details live in docs/ and benchmarks/README.md: the README is what a newcomer reads whole.
+    assert len(README.splitlines()) <= 300
+    named = set(re.findall(r"\b((?:docs|benchmarks)/[\w./-]+\.(?:md|py))\b", README))
+    assert {"docs/benchmarks.md", "docs/cli.md", "docs/kapacitor.md", "docs/troubleshooting.md"} <= named
+    assert [path for path in sorted(named) if not os.path.exists(os.path.join(ROOT, path))] == []
