@@ -54,6 +54,17 @@ def busy_cores() -> tuple[float, float]:
     return (sum(ticks) - idle) / CLOCK_TICKS, sum(ticks) / CLOCK_TICKS
 
 
+def answered_rate(marks: list[tuple[float, int]], since: float) -> tuple[float, int]:
+    """Outputs a second, from (seconds, outputs so far) marks, and the micro-batches that made
+    it. Outputs come a micro-batch at a time: the rate runs from the first micro-batch answered
+    at or after ``since`` to the last, not between two instants that would cut micro-batches."""
+    answered = [mark for before, mark in zip(marks, marks[1:]) if mark[1] > before[1] and mark[0] >= since]
+    if len(answered) < 3:
+        raise RuntimeError(f"{len(answered)} micro-batches answered after {since:.0f} s: too few to measure a rate")
+    (start, first), (end, last) = answered[0], answered[-1]
+    return (last - first) / (end - start), len(answered)
+
+
 def feed_and_count(driver: KapacitorDriver, rate: float, seconds: float) -> dict[str, float]:
     """Feeds ``rate`` points/s over SERIES series for ``seconds``; the output rate over the
     last two thirds (the first third fills the backlog and settles the parts' estimates), and
@@ -62,30 +73,25 @@ def feed_and_count(driver: KapacitorDriver, rate: float, seconds: float) -> dict
     # Framed before the clock starts: on a machine of two cores the feeder's CPU is the workers' loss.
     frames = [encode_frame(udf_pb2.Request(point=grouped_point(i * SECOND, f"s{i % SERIES}", 1.0))) for i in range(int(rate * seconds) + 1)]
     sent, started, marks = 0, time.monotonic(), []
-    window: tuple[TreeCPU, float, tuple[float, float]] | None = None
+    window: tuple[float, TreeCPU, float, tuple[float, float]] | None = None  # the CPU counted from its start
     while (elapsed := time.monotonic() - started) < seconds:
         if window is None and elapsed >= seconds / 3:
-            window = (TreeCPU(driver.process.pid), sum(os.times()[:2]), busy_cores())
+            window = (time.monotonic(), TreeCPU(driver.process.pid), sum(os.times()[:2]), busy_cores())
         due = int(elapsed * rate)
         if due > sent:
             driver.send_raw(b"".join(frames[sent:due]))
             sent = due
         marks.append((time.monotonic() - started, len(driver.responses.of("point"))))
         time.sleep(0.01)
-    # Outputs come a micro-batch at a time: the rate between the first and the last micro-batch
-    # answered in the window, not between two instants that cut micro-batches.
-    answered = [mark for before, mark in zip(marks, marks[1:]) if mark[1] > before[1] and mark[0] >= seconds / 3]
-    if len(answered) < 3:
-        raise RuntimeError(f"{len(answered)} micro-batches answered in {seconds * 2 / 3:.0f} s: too few to measure a rate")
-    first, last = answered[0], answered[-1]
+    output_rate, answered = answered_rate(marks, seconds / 3)
     assert window is not None
-    tree, feeder, (busy, total) = window
-    wall = last[0] - first[0]
-    now_busy, now_total = busy_cores()  # to the end of the feed: about the window
+    opened, tree, feeder, (busy, total) = window
+    now_busy, now_total = busy_cores()
+    wall = time.monotonic() - opened
     return {
         "fed_per_s": round(rate),
-        "points_per_s": round((last[1] - first[1]) / wall),
-        "micro_batches": len(answered),
+        "points_per_s": round(output_rate),
+        "micro_batches": answered,
         "backlog_at_end": sent - marks[-1][1],
         "agent_tree_cores": round(tree.used() / wall, 2),
         "by_process": {f"{pid} {process_name(pid)}": round(cpu / wall, 2) for pid, cpu in sorted(tree.used_by_pid().items(), key=lambda item: -item[1])[:5]},

@@ -413,3 +413,14 @@ def test_every_choice_of_profile_computes_what_names_a_method_of_the_agent():
     assert sorted(profile_compute.PROFILED) == ["compute", "read-ahead"]
     for module, cls_name, name in profile_compute.PROFILED.values():
         assert callable(getattr(getattr(importlib.import_module(module), cls_name), name)), (cls_name, name)
+
+
+def test_the_cores_benchmark_measures_from_micro_batch_to_micro_batch():
+    from benchmarks.cores import answered_rate
+
+    # Micro-batches of 1,000 outputs answered at 1, 3, 5 and 7 s, sampled every half second: from
+    # the first answered at or after 2 s (3 s) to the last (7 s), 2,000 outputs came in 4 s.
+    marks = [(t / 2, 1000 * sum(1 for at in (1, 3, 5, 7) if at <= t / 2)) for t in range(17)]
+    assert answered_rate(marks, since=2.0) == (500.0, 3)
+    with pytest.raises(RuntimeError, match="too few"):
+        answered_rate(marks, since=4.0)
