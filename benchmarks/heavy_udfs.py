@@ -1,5 +1,6 @@
-"""Heavy UDFs for benchmarks: a compute-heavy one for the scaling measurement
-(``benchmarks/deployment.py``), a slow one for the neighbours (``benchmarks/neighbours.py``)."""
+"""Heavy UDFs for benchmarks: compute-heavy ones for the scaling measurements
+(``benchmarks/deployment.py``, ``benchmarks/cores.py``), a slow one for the neighbours
+(``benchmarks/neighbours.py``)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def sleeps(df: Any, ctx: Any) -> Any:
 def burns(df: Any, ctx: Any) -> Any:
     """Spends ``micros`` of CPU a point (a busy loop, the GIL held as pure Python holds it),
     then echoes: a CPU-bound stream UDF, whose rate is the cores it computes on
-    (``benchmarks/deployment.py --only-stream-scaling``)."""
+    (``benchmarks/cores.py``)."""
     until = time.thread_time() + len(df) * ctx.options["micros"] / 1e6
     while time.thread_time() < until:
         pass

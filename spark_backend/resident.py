@@ -14,8 +14,9 @@ and the part it was computing is retried once on a fresh worker: a micro-batch's
 used only once every part of it has come back, so a retry never emits anything twice.
 
 Many tasks share one engine on a server: slots go to them fairly (``resident_grants.py``,
-``fairness.py``), and a micro-batch is cut into parts so that no task holds more than its
-share of the slots while another task has work waiting.
+``fairness.py``), and a micro-batch is cut into parts: one per slot of the task's share when
+its compute is worth spreading, and so that no task holds more than its share of the slots
+while another task has work waiting.
 
 Messages, both ways: ``resident_protocol``. The job (the UDF and its options) travels once
 per worker, pickled by Spark's own cloudpickle as Spark ships any pandas UDF; a stream
@@ -51,7 +52,8 @@ if TYPE_CHECKING:  # the workers import this module: no Spark session code there
 
 log = logging.getLogger(__name__)
 
-# Below this many bytes of points a micro-batch goes to one worker: splitting costs more.
+# Under twice this many bytes of points, only its expected compute (``fairness.SPLIT_SECONDS``)
+# cuts a micro-batch; over it, its bytes alone do, a part per SPLIT_BYTES at most.
 SPLIT_BYTES = 512 * 1024
 
 
@@ -395,8 +397,9 @@ class ResidentWorkers:
 
 def _split(tasks: Tasks, workers: int, at_least: int = 1) -> list[Tasks]:
     """Consecutive runs of tasks with about the same bytes of points: one per worker used
-    (when the points are worth splitting), and at least ``at_least`` (so that a slow
-    task's micro-batch lets other tasks' parts run between its own)."""
+    (when the points are worth splitting), and at least ``at_least`` (the fair shares' count:
+    a part per slot when the compute is worth spreading, or enough that a slow task's
+    micro-batch lets other tasks' parts run between its own)."""
     import numpy as np
 
     # A packed slice's points lie in one buffer: its size is their bytes, without a sum.
