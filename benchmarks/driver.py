@@ -597,10 +597,13 @@ def run_paced(
                 threading.Thread(target=lambda: window_start.append(scrape_counters(metrics_url)), daemon=True).start()
             start = index * length
             agent.write(data[start : start + head])
-            agent.write(data[start + head : start + length])
+            # Timed before the write that completes the frame: the reader thread may see
+            # the answer before this thread runs again, so a clock read after it could
+            # come later than the answer (a negative latency).
             now = time.monotonic()
             if index >= warmup_points:
                 sent_at[workload.time_of(index)] = now
+            agent.write(data[start + head : start + length])
             if now >= next_keepalive:
                 stamp = _KEEPALIVE_BASE + len(keepalives_sent)
                 keepalives_sent[stamp] = time.monotonic()
