@@ -30,6 +30,7 @@ from collections.abc import Callable, Generator, Iterator
 import pandas as pd
 import pyarrow as pa
 
+from spark_backend.growth import CoreGrowth
 from spark_backend.resident import ResidentWorkers, Results, Tasks
 from spark_backend.resident_slots import FIRST_WORKER_WAIT, START_TIMEOUT, NoResidentWorker
 from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartError, open_session
@@ -316,12 +317,14 @@ class SparkEngine:
 
     def _start_dispatch(self, session: SparkSession) -> None:
         if self.settings.dispatch == "resident":
-            slots = self.settings.resident_slots or session.cores()
+            growth = CoreGrowth(self.settings.max_cores, time.monotonic()) if self.settings.grows() else None
+            slots = self.settings.resident_slots or (growth.wanted if growth is not None else session.cores())
             # An embedded Spark's cores are this process's own, so its workers are sure to
             # come: wait for them. A cluster or Connect server may have no core free for one
             # yet; micro-batches then run as Spark jobs, which its scheduler shares.
             first_worker_wait = START_TIMEOUT if session.url.startswith("local") else FIRST_WORKER_WAIT
-            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout, self.settings.resident_idle, first_worker_wait, self.settings.worker_memory_bytes(slots))
+            memory = self.settings.worker_memory_bytes(self.settings.max_cores or slots)
+            resident = ResidentWorkers(session, slots, session.agent_host(), self.settings.batch_timeout, self.settings.resident_idle, first_worker_wait, memory, growth)
             resident.start()
             resident.wait_for_workers(1, first_worker_wait)
             self._resident = resident

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 
+from spark_backend.growth import CoreGrowth, Holding
 from spark_backend.resident_grants import WorkerGrants
 from spark_backend.resident_handlers import ResidentHandlers
 from spark_backend.resident_protocol import FAILURE, JOB, JOB_KEY_BYTES, KEPT_JOBS, OVER_MEMORY, STREAM_TASKS, TASKS, read_stream_result
@@ -131,8 +132,8 @@ class ResidentWorkers:
     application has: a resident task holds its core for as long as it lives.
     """
 
-    def __init__(self, session: SparkSession, slots: int, host: str, batch_timeout: float, idle_release: float | None = None, first_worker_wait: float = FIRST_WORKER_WAIT, worker_memory: int | None = None):
-        self._slots = ResidentSlots(session, slots, idle_release, first_worker_wait, worker_memory)
+    def __init__(self, session: SparkSession, slots: int, host: str, batch_timeout: float, idle_release: float | None = None, first_worker_wait: float = FIRST_WORKER_WAIT, worker_memory: int | None = None, growth: CoreGrowth | None = None):
+        self._slots = ResidentSlots(session, slots, idle_release, first_worker_wait, worker_memory, growth)
         self.slots = slots
         self._host = host
         # The slots' Condition guards the fair shares and the Handlers' homes too: a waiter
@@ -171,6 +172,10 @@ class ResidentWorkers:
 
     def worker_pids(self) -> list[int]:
         return self._slots.worker_pids()
+
+    def holding(self) -> Holding:
+        """The slots wanted and connected, and why so many."""
+        return self._slots.holding()
 
     def start(self) -> None:
         """Opens the workers' port and launches every slot; workers connect in the background."""

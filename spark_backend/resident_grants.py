@@ -51,7 +51,7 @@ class WorkerGrants:
         task's micro-batch lets other tasks' parts run between its own."""
         with self._cond:
             now = time.monotonic()
-            return self._fair.share(self._slots.count, now), self._fair.parts_for(key, rows, self._slots.count, now)
+            return self._fair.share(self._slots.count, now), self._fair.parts_for(key, rows, self._slots.serving(), now)
 
     def measured(self, key: Hashable, rows: int, seconds: float) -> None:
         """A part of ``rows`` groups took ``seconds``: what the task's next parts are sized by."""
@@ -75,7 +75,7 @@ class WorkerGrants:
                         worker = self._free_worker(fresh_after, home)
                         assert worker is not None
                         self._fair.grant(ticket, now)
-                        worker.busy = True
+                        self._slots.set_busy(worker, True)
                         self._slots.last_used = now
                         if tenant is not None:
                             tenant.slot_waited(now - asked)
@@ -114,7 +114,7 @@ class WorkerGrants:
 
     def release(self, worker: Worker, key: Hashable, tenant: Tenant | None) -> None:
         with self._cond:
-            worker.busy = False
+            self._slots.set_busy(worker, False)
             now = time.monotonic()
             self._fair.release(key, now)
             self._slots.last_used = now
@@ -127,7 +127,7 @@ class WorkerGrants:
         already (its job ended first); its job is ended, cancelled if it must be."""
         worker.link.close()
         with self._cond:
-            worker.busy = False
+            self._slots.set_busy(worker, False)
             now = time.monotonic()
             self._fair.release(key, now)
             if tenant is not None:

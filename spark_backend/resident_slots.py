@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from spark_backend.growth import CoreGrowth, Holding
 from spark_backend.resident_protocol import HELLO, PROOF, WELCOME, JobCache, Link, WorkerAddress, clock_id
 from spark_backend.resident_worker import serve_slot
 from spark_backend.worker_channel import NONCE_BYTES, AgentCertificate, agent_proof, new_nonce, proven, worker_proof
@@ -54,6 +55,8 @@ RELAUNCH_INTERVAL = 30.0
 FORCED_RELAUNCH_INTERVAL = 1.0
 # After a worker is lost, how long its job gets to end and say why (Spark's crash report).
 LOSS_REPORT_WAIT = 3.0
+# While its cores may grow, how often an engine looks at how busy its workers were.
+GROWTH_TICK = 1.0
 
 
 class WorkerLost(Exception):
@@ -258,20 +261,27 @@ class _Slot:
     job_group: str = ""
     worker: Worker | None = None
     served: bool = False  # a worker of this launch connected
+    active: bool = True  # wanted: launched, and launched again when its job ends (else retired)
 
 
 class ResidentSlots:
     """The slots and their workers. ``cond`` guards them; whoever hands workers out guards
-    its own bookkeeping with it too, so that a waiter for a worker wakes when one joins."""
+    its own bookkeeping with it too, so that a waiter for a worker wakes when one joins.
 
-    def __init__(self, session: SparkSession, count: int, idle_release: float | None, first_worker_wait: float, worker_memory: int | None):
+    ``count`` slots, or, with ``growth``, as many as it wants from one on: slots are added
+    while the workers are busy nearly all the time and retired once the work fits in fewer
+    (``growth.py``; Spark's dynamic allocation turns them into executors and back)."""
+
+    def __init__(self, session: SparkSession, count: int, idle_release: float | None, first_worker_wait: float, worker_memory: int | None, growth: CoreGrowth | None = None):
         self._session = session
-        self.count = count
+        self._growth = growth
+        self._cores: int | None = None  # with growth: the executors' cores, as last seen
+        self.count = growth.wanted if growth is not None else count  # the active slots
         self._idle_release = idle_release
         self.first_worker_wait = first_worker_wait
         self._worker_memory = worker_memory
         self.cond = threading.Condition()
-        self._slots = [_Slot(index) for index in range(count)]
+        self._slots = [_Slot(index) for index in range(self.count)]
         self._door = WorkerDoor()
         self._clock = clock_id()
         self.launches = 0  # each slot's first launch, then each relaunch; also the launch numbers
@@ -281,6 +291,7 @@ class ResidentSlots:
         self.stopped = threading.Event()
         # Wakes the idle-release thread: a launch (its workers' idle spell begins) or a stop.
         self._wake_idle_check = threading.Event()
+        self._wake_growth = threading.Event()  # ... and the growth thread, after a release
 
     def start(self, host: str) -> None:
         """Opens the workers' port on ``host`` and launches every slot; workers connect in the background."""
@@ -291,10 +302,13 @@ class ResidentSlots:
                 self._launch(slot)
         if self._idle_release is not None:
             threading.Thread(target=self._release_when_idle, name="spark-resident-idle", daemon=True).start()
+        if self._growth is not None:
+            threading.Thread(target=self._follow_demand, name="spark-resident-growth", daemon=True).start()
 
     def stop(self) -> None:
         self.stopped.set()
         self._wake_idle_check.set()
+        self._wake_growth.set()
         self._door.close()
         with self.cond:
             retired = self._detach_all()
@@ -313,6 +327,25 @@ class ResidentSlots:
     def connected(self) -> int:
         """Workers connected now (caller holds ``cond``)."""
         return sum(1 for slot in self._slots if slot.worker is not None)
+
+    def serving(self) -> int:
+        """The slots a micro-batch may be spread over now: the active ones whose worker is
+        connected, one at least (caller holds ``cond``)."""
+        return max(1, min(self.count, self.connected()))
+
+    def set_busy(self, worker: Worker, busy: bool) -> None:
+        """``worker`` starts or ends a call (caller holds ``cond``): what growth measures."""
+        worker.busy = busy
+        if self._growth is not None:
+            self._growth.busy_workers(time.monotonic(), sum(1 for other in self.workers() if other.busy))
+
+    def holding(self) -> Holding:
+        """The slots wanted and connected, and why so many."""
+        with self.cond:
+            connected = self.connected()
+            if self._growth is None:
+                return Holding(self.count, connected, "fixed: --resident-slots, spark.cores.max or the master's cores", None)
+            return self._growth.holding(connected, self._cores)
 
     def worker_pids(self) -> list[int]:
         with self.cond:
@@ -359,7 +392,7 @@ class ResidentSlots:
         interval = FORCED_RELAUNCH_INTERVAL if force else RELAUNCH_INTERVAL
         for slot in self._slots:
             ended = slot.job_thread is None or not slot.job_thread.is_alive()
-            if slot.worker is None and ended and now - slot.launched_at >= interval:
+            if slot.active and slot.worker is None and ended and now - slot.launched_at >= interval:
                 self._launch(slot)
 
     def relaunch_lost(self, worker: Worker) -> bool:
@@ -390,6 +423,7 @@ class ResidentSlots:
         slot.job_thread = SlotJob(functools.partial(self._run_job, slot, slot.launch, slot.job_group, body), name=f"spark-resident-job-{slot.index}")
         slot.job_thread.start()
         self._wake_idle_check.set()
+        self._wake_growth.set()
 
     def _run_job(self, slot: _Slot, launch: int, group: str, body: Callable[..., object], job: SlotJob) -> None:
         try:
@@ -406,7 +440,7 @@ class ResidentSlots:
                 worker.link.close()  # an idle worker whose job ended is gone; a busy one is lost by its reader
             if error is not None or slot.served:
                 log.warning("Spark's resident job of slot %d ended: %s", slot.index, worker_end(error) if error is not None else "its worker left")
-            if slot.served and not self.stopped.is_set():
+            if slot.served and slot.active and not self.stopped.is_set():
                 self.worker_losses += 1
                 self._launch(slot)  # it was serving: the slot is wanted back at once
             self.cond.notify_all()
@@ -492,9 +526,72 @@ class ResidentSlots:
                 return self._idle_release - idle
             self.released = True
             retired = self._detach_all()
+            if self._growth is not None:
+                self._growth.released(time.monotonic())
+                self._set_active(self._growth.wanted)
         log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
         self._end_jobs(retired, clean_end=1.0, after_cancel=5.0)
         return None
+
+
+    # ---- growing and shrinking (with ``growth``) ----
+
+    def _follow_demand(self) -> None:
+        """Adds and retires slots as growth wants, and notes the cores Spark holds for them,
+        looking every GROWTH_TICK while it holds any or workers are connecting (after an
+        idle release, once its executors are gone, at the next launch)."""
+        assert self._growth is not None
+        while not self.stopped.is_set():
+            with self.cond:
+                connected = self.connected()
+                wanted = self._growth.tick(time.monotonic(), connected)
+                before = self.count
+                retired = self._set_active(wanted)
+                if self.count > before:
+                    log.info("growing to %d resident slot(s): %s", self.count, self._growth.reason)
+                elif self.count < before:
+                    log.info("shrinking to %d resident slot(s): %s", self.count, self._growth.reason)
+            self._end_jobs(retired, clean_end=1.0, after_cancel=5.0)
+            try:
+                cores = self._session.executor_cores()
+            except Exception as exc:  # a dead JVM: the engine replaces the session and these slots
+                log.debug("reading the executors' cores failed: %s", first_line(exc))
+                cores = None
+            if cores != self._cores:
+                log.info("Spark holds %s core(s) of executors for %d resident slot(s) (%s)", cores, self.count, self._growth.reason)
+                self._cores = cores
+            if connected or not self.released or cores:
+                self.stopped.wait(GROWTH_TICK)
+            else:
+                self._wake_growth.wait()  # set by the next launch (or a stop)
+                self._wake_growth.clear()
+
+    def _set_active(self, wanted: int) -> list[tuple[SlotJob, str]]:
+        """Launches slots up to ``wanted`` active ones, or retires active slots down to it,
+        those without a worker first, then the idle workers hosting no Handler script (caller
+        holds ``cond``); the retired launches' jobs, to end."""
+        active = [slot for slot in self._slots if slot.active]
+        for _ in range(wanted - len(active)):
+            slot = next((slot for slot in self._slots if not slot.active), None)
+            if slot is None:
+                slot = _Slot(len(self._slots))
+                self._slots.append(slot)
+            slot.active = True
+            if not self.released:
+                self._launch(slot)
+        retired = []
+        if len(active) > wanted:
+            idle = [slot for slot in active if slot.worker is None or not (slot.worker.busy or slot.worker.handlers)]
+            idle.sort(key=lambda slot: (slot.worker is not None, -slot.index))
+            for slot in idle[: len(active) - wanted]:
+                if slot.worker is not None:
+                    slot.worker.link.close()
+                if slot.job_thread is not None:
+                    retired.append((slot.job_thread, slot.job_group))
+                slot.active, slot.worker, slot.job_thread, slot.launch = False, None, None, 0
+        self.count = sum(1 for slot in self._slots if slot.active)
+        self.cond.notify_all()
+        return retired
 
 
 def _job_group(launch: int, owner: object) -> str:

@@ -78,6 +78,9 @@ class SparkSession(Protocol):
         """The cores this application has (or may take) for Python tasks: how many resident
         workers to launch, so that they never hold cores it was not given."""
 
+    def executor_cores(self) -> int | None:
+        """The cores of the executors registered now (None: not known here)."""
+
     def agent_host(self) -> str:
         """The address at which Spark's executors reach this agent."""
 
@@ -217,6 +220,9 @@ class ClassicSession:
         bound = context.getConf().get("spark.cores.max")
         return max(1, int(bound)) if bound else max(1, _executor_cores(context))
 
+    def executor_cores(self) -> int | None:
+        return _executor_cores(self.dataframes.sparkContext)
+
     def agent_host(self) -> str:
         if self.url.startswith("local"):
             return "127.0.0.1"
@@ -331,6 +337,9 @@ class ConnectSession:
 
     def cores(self) -> int:
         return CONNECT_SLOTS
+
+    def executor_cores(self) -> int | None:
+        return None  # the server's, shared with every client
 
     def agent_host(self) -> str:
         host, port = _host_port(self.url, self.url[len("sc://") :].partition("/")[0].partition(";")[0], CONNECT_DEFAULT_PORT)

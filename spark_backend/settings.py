@@ -32,14 +32,15 @@ DEFAULT_CONF = {
 
 DISPATCHES = ("resident", "jobs")
 
-# A process UDF on a standalone cluster takes a bounded share of it, and gives its cores back
-# when idle, so that other tasks and applications get theirs: one core, in one executor
-# released after its resident workers are (dynamic allocation; no shuffle service needed,
-# micro-batches shuffle nothing). The executor's JVM only passes micro-batches to its Python
-# workers, which live outside its heap: 512m, half Spark's default, fits twice in a 1 GB
-# worker. --conf overrides any of them.
+# A process UDF on a standalone cluster takes a share of it that follows its load, and gives
+# its cores back when idle, so that other tasks and applications get theirs: one-core
+# executors, each released 10 s after its resident worker is (dynamic allocation; no shuffle
+# service needed, micro-batches shuffle nothing). With resident workers its cores grow from
+# one (``growth.py``) up to --max-cores (spark.cores.max), else what the cluster has free;
+# with Spark jobs a micro-batch, or slots given by hand, spark.cores.max is 1. The
+# executor's JVM only passes micro-batches to its Python workers, which live outside its
+# heap: 512m, half Spark's default, fits twice in a 1 GB worker. --conf overrides any of them.
 CLUSTER_SHARE_CONF = {
-    "spark.cores.max": "1",
     "spark.executor.cores": "1",
     "spark.executor.memory": "512m",
     "spark.dynamicAllocation.enabled": "true",
@@ -65,6 +66,14 @@ class SparkSettings:
     # The resident memory a resident Python worker may reach while computing, in bytes
     # (None: WORKER_MEMORY_SHARE of the host's memory over the slots; 0: no limit).
     worker_memory: int | None = None
+    # The most cores a growing engine takes (None: what the cluster grants; see ``grows``).
+    max_cores: int | None = None
+
+    def grows(self) -> bool:
+        """Whether the resident slots follow the load, from one up to ``max_cores``: on a
+        standalone cluster, unless the slots (--resident-slots) or the cores
+        (spark.cores.max) are given by hand."""
+        return self.dispatch == "resident" and self.remote is None and self.master.startswith("spark://") and self.resident_slots is None and "spark.cores.max" not in self.conf
 
     def worker_memory_bytes(self, slots: int) -> int | None:
         """The memory limit of each of ``slots`` resident workers (None: unlimited)."""
@@ -128,6 +137,10 @@ def agent_conf(settings: SparkSettings, java: str | None = None) -> dict[str, st
         needs["spark.cleaner.referenceTracking"] = "false"
     if settings.master.startswith("spark://"):
         needs.update(CLUSTER_SHARE_CONF)
+        if not settings.grows():
+            needs["spark.cores.max"] = "1"
+        elif settings.max_cores is not None:
+            needs["spark.cores.max"] = str(settings.max_cores)
     if settings.master.startswith("local"):
         # An embedded Spark talks to itself over loopback only; a cluster's executors must
         # reach the driver at an address Spark (or the user's --conf) picks.

@@ -169,14 +169,23 @@ def test_a_udf_module_outside_site_packages_travels_inside_the_pickled_job(tmp_p
     assert done.returncode == 0 and done.stdout.decode().strip() == "[2.0]", done.stderr.decode()[-2000:]
 
 
-def test_a_standalone_cluster_task_takes_a_bounded_share_that_conf_overrides():
+def test_a_standalone_cluster_task_takes_a_share_that_grows_up_to_max_cores_or_is_fixed_by_hand():
     from spark_backend.settings import CLUSTER_SHARE_CONF, SparkSettings, agent_conf
 
-    cluster = agent_conf(SparkSettings(master="spark://10.0.0.1:7077"))
+    master = "spark://10.0.0.1:7077"
+    growing = SparkSettings(master=master)
+    cluster = agent_conf(growing)
     assert {name: cluster[name] for name in CLUSTER_SHARE_CONF} == CLUSTER_SHARE_CONF
-    assert cluster["spark.cores.max"] == "1" and cluster["spark.dynamicAllocation.enabled"] == "true"
-    more = agent_conf(SparkSettings(master="spark://10.0.0.1:7077", conf={"spark.cores.max": "4", "spark.executor.cores": "2"}))
-    assert (more["spark.cores.max"], more["spark.executor.cores"]) == ("4", "2")
+    assert growing.grows() and cluster["spark.dynamicAllocation.enabled"] == "true" and cluster["spark.executor.cores"] == "1"
+    assert "spark.cores.max" not in cluster  # what the cluster has free bounds it
+    capped = SparkSettings(master=master, max_cores=3)
+    assert capped.grows() and agent_conf(capped)["spark.cores.max"] == "3"
+    # Cores given by hand are fixed; so is a task of Spark jobs, or of slots given by hand, at one core.
+    by_hand = SparkSettings(master=master, conf={"spark.cores.max": "4", "spark.executor.cores": "2"})
+    assert not by_hand.grows() and (agent_conf(by_hand)["spark.cores.max"], agent_conf(by_hand)["spark.executor.cores"]) == ("4", "2")
+    for fixed in (SparkSettings(master=master, dispatch="jobs"), SparkSettings(master=master, resident_slots=2)):
+        assert not fixed.grows() and agent_conf(fixed)["spark.cores.max"] == "1"
+    assert not SparkSettings(master="local[2]").grows()
     assert "spark.cores.max" not in agent_conf(SparkSettings(master="local[2]"))  # its own cores are all its own
 
 

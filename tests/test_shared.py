@@ -519,7 +519,10 @@ def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
             # `udf-agent status` finds the shared server by itself and lists the live task.
             status = subprocess.run([sys.executable, "-m", "udf_agent", "status", "--json"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
             assert status.returncode == 0, status.stderr
-            ((shown,),) = [server["tasks"] for server in json.loads(status.stdout)]
+            (server_status,) = json.loads(status.stdout)
+            (shown,) = server_status["tasks"]
+            # An embedded Spark's slots are its cores, fixed: status says how many and why.
+            assert server_status["resident_slots"] == 2 and server_status["resident_slots_why"].startswith("fixed"), server_status
             assert (shown["udf"], shown["points_in"], shown["points_out"], shown["groups"]) == ("moving_avg", 4, 4, 1)
             assert shown["computed"] == "on Spark's resident workers"
             # The server the first task started serves the metrics that task asked for.
@@ -529,6 +532,8 @@ def test_moving_avg_tasks_compute_on_the_one_shared_spark(drivers, shared_dir):
                 samples = {(s.name, s.labels.get("udf")): s.value for family in text_string_to_metric_families(answer.read().decode()) for s in family.samples}
             assert samples[("udf_agent_points_received_total", "moving_avg")] == 4 and samples[("udf_agent_micro_batches_total", "moving_avg")] >= 1
             assert samples[("udf_agent_spark_workers_connected", None)] >= 1
+            slots = {s.labels["state"]: s.value for family in text_string_to_metric_families(urllib.request.urlopen(url, timeout=10).read().decode()) for s in family.samples if s.name == "udf_agent_resident_slots"}
+            assert slots == {"fixed": 2}
         assert task.close(timeout=60) == 0
     (server,) = shared_server_pids(shared_dir)
     assert len(java_descendants(server)) == 1  # one JVM for both tasks

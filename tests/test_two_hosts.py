@@ -41,15 +41,17 @@ def hosts(tmp_path_factory):
         yield pair
 
 
-def agent_on_a(hosts: TwoHosts, *args: str, cores: int = 2, env: dict[str, str] | None = None) -> KapacitorDriver:
+def agent_on_a(hosts: TwoHosts, *args: str, cores: int | None = 2, env: dict[str, str] | None = None) -> KapacitorDriver:
     """``udf-agent run ARGS`` on host A against the cluster: its task takes ``cores`` cores
-    (both workers': one on each host), and its executors reach it at A's address. Its resident
-    workers stay for the test (their first launch, an executor's start on each host, may take
-    longer than the 30 s idle spell after which they would be released and relaunched)."""
+    (both workers': one on each host; None: as many as it grows to), and its executors reach
+    it at A's address. Its resident workers stay for the test (their first launch, an
+    executor's start on each host, may take longer than the 30 s idle spell after which they
+    would be released and relaunched)."""
     a = hosts.a.address
+    fixed = ("--conf", f"spark.cores.max={cores}") if cores is not None else ()
     return hosts.agent(
         "run", *args, "--master", hosts.master_url, "--flush-interval", "50ms", "--log-level", "info", "--resident-idle", "10m",
-        "--conf", f"spark.cores.max={cores}", "--conf", f"spark.driver.host={a}", "--conf", f"spark.driver.bindAddress={a}",
+        *fixed, "--conf", f"spark.driver.host={a}", "--conf", f"spark.driver.bindAddress={a}",
         cwd=ROOT, env=env,
     )
 
@@ -131,6 +133,41 @@ def test_a_cpu_bound_stream_micro_batch_computes_on_both_hosts_each_groups_order
     late = outputs[-groups:]
     where = [hosts.host_of(int(output.fieldsDouble["pid"])) for output in late]
     assert {host.label if host else None for host in where} == {"A", "B"}, (where, driver.log()[-4000:])
+    assert driver.close(timeout=60) == 0, driver.log()[-4000:]
+
+
+def test_a_task_whose_workers_are_busy_grows_onto_the_other_host_and_gives_the_core_back_when_idle(hosts):
+    """Default flags: one core to start. Fed as fast as it computes (its workers never wait
+    for input), it grows to a slot on each host, computes on both, and, once its input stops,
+    shrinks to one slot and Spark's dynamic allocation gives the other executor back."""
+    driver = agent_on_a(hosts, "tests.udfs.sample:busy_pid", cores=None)
+    assert driver.init(option("seconds", 0.005)).success, driver.log()[-4000:]
+    wait_for_workers(driver, 1)
+    groups, sent, round_number = 20, 0, 0
+    deadline = time.monotonic() + 180
+    both_hosts: set[str | None] = set()
+    while both_hosts != {"A", "B"}:
+        # Three micro-batches' worth outstanding at most: a worker that ends one finds the next.
+        while sent - len(driver.responses.of("point")) < 3 * groups:
+            driver.send_raw(b"".join(encode_frame(udf_pb2.Request(point=grouped_point((round_number * groups + g) * 1_000_000, f"g{g}", 1.0))) for g in range(groups)))
+            sent, round_number = sent + groups, round_number + 1
+        driver.responses.wait_for("point", sent - 2 * groups, timeout=120)
+        late = driver.responses.of("point")[-groups:]
+        both_hosts = {host.label if host else None for host in (hosts.host_of(int(output.fieldsDouble["pid"])) for output in late)}
+        assert time.monotonic() < deadline, f"no micro-batch computed on both hosts\n{driver.log()[-6000:]}"
+    assert "growing to 2 resident slot(s): growing: its 1 worker(s) busy" in driver.log()
+    driver.responses.wait_for("point", sent, timeout=120)
+    outputs = driver.responses.of("point")
+    by_group: dict[str, list[int]] = {}
+    for output in outputs:
+        by_group.setdefault(output.tags["group"], []).append(output.time)
+    assert by_group == {f"g{g}": [(r * groups + g) * 1_000_000 for r in range(round_number)] for g in range(groups)}
+    # Idle: one slot again, and Spark holds one core for it (an executor's idle timeout after).
+    stopped_at, idle_deadline = len(driver.log()), time.monotonic() + 90
+    while not re.search(r"Spark holds [01] core\(s\) of executors for 1 resident slot\(s\)", driver.log()[stopped_at:]):
+        assert time.monotonic() < idle_deadline, f"still holding more than one core 90 s after the input stopped\n{driver.log()[-6000:]}"
+        time.sleep(0.5)
+    assert "shrinking to 1 resident slot(s)" in driver.log()[stopped_at:]
     assert driver.close(timeout=60) == 0, driver.log()[-4000:]
 
 

@@ -68,6 +68,11 @@ class Engines:
             found["resident_workers"] = len(resident.worker_pids())
             found["resident_launches"] = resident.launches
             found["resident_worker_losses"] = resident.worker_losses
+            holding = resident.holding()
+            found["resident_slots"] = holding.wanted
+            found["resident_slots_why"] = holding.reason
+            if holding.cores is not None:
+                found["spark_cores"] = holding.cores
         return found
 
     def stop(self) -> None:
@@ -100,6 +105,7 @@ def spark_engines(
     local_max_points: int = 0,
     remote: str | None = None,
     worker_memory: int | None = None,
+    max_cores: int | None = None,
 ) -> Engines:
     """Engines computing on the Spark these settings describe, started on first use."""
 
@@ -107,7 +113,7 @@ def spark_engines(
     def make_spark() -> Any:
         from spark_backend import SparkEngine, SparkSettings
 
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote, worker_memory=worker_memory))
+        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote, worker_memory=worker_memory, max_cores=max_cores))
 
     if local_while_starting is None:
         # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.

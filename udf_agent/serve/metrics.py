@@ -86,7 +86,13 @@ class _TasksCollector:
         launches.add_metric([], spark.get("resident_launches", 0))
         losses = CounterMetricFamily("udf_agent_resident_worker_losses", "Resident workers lost while computing or serving (crashed, killed, stuck past --batch-timeout, over --worker-memory)")
         losses.add_metric([], spark.get("resident_worker_losses", 0))
-        yield from (workers, launches, losses)
+        slots = GaugeMetricFamily("udf_agent_resident_slots", "Resident slots wanted now (each a core), labelled with why so many: starting, fixed, growing, grown, steady, shrinking, capped or released", labels=["state"])
+        if "resident_slots" in spark:
+            slots.add_metric([spark["resident_slots_why"].split(":", 1)[0]], spark["resident_slots"])
+        cores = GaugeMetricFamily("udf_agent_spark_executor_cores", "Cores of the executors Spark holds for this process's resident slots (on a standalone cluster whose slots grow)")
+        if "spark_cores" in spark:
+            cores.add_metric([], spark["spark_cores"])
+        yield from (workers, launches, losses, slots, cores)
 
 
 class _ProcessTreeMemoryCollector:

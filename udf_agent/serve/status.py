@@ -67,6 +67,9 @@ def table(statuses: list[dict[str, Any]]) -> str:
     for status in statuses:
         spark = status.get("spark", "")
         workers = f", {status['resident_workers']} resident worker(s)" if "resident_workers" in status else ""
+        if "resident_slots" in status:
+            cores = f", {status['spark_cores']} core(s) of executors" if "spark_cores" in status else ""
+            workers += f" of {status['resident_slots']} slot(s){cores} ({status['resident_slots_why']})"
         tasks = status.get("tasks", [])
         out.append(
             f"{status.get('kind', 'server')} pid {status['pid']} on {status['socket']}, up {_duration(status['uptime_s'])}, "
