@@ -424,3 +424,17 @@ def test_the_cores_benchmark_measures_from_micro_batch_to_micro_batch():
     assert answered_rate(marks, since=2.0) == (500.0, 3)
     with pytest.raises(RuntimeError, match="too few"):
         answered_rate(marks, since=4.0)
+
+
+def test_the_growth_case_keeps_up_from_the_first_window_after_which_none_falls_short():
+    from benchmarks.cores import kept_up_from, window_rates
+
+    # Fed 100 points/s for 30 s; outputs come at 50/s for 12 s, then at 100/s but for a stall
+    # from 20 to 22 s.
+    def outputs(at: float) -> float:
+        return 50 * min(at, 12) + 100 * max(0.0, min(at, 20) - 12) + 100 * max(0.0, at - 22)
+
+    marks = [(t / 10, int(outputs(t / 10))) for t in range(301)]
+    assert window_rates(marks, 30) == [50, 50, 80, 100, 60, 100]
+    assert kept_up_from(marks, 100, 30) == 25.0  # the stall's window falls short: from 25 s on
+    assert kept_up_from(marks, 1_000, 30) is None
