@@ -264,10 +264,11 @@ def test_partial_varint_only_then_close():
         decoder.close()
 
 
-def test_close_after_complete_frames_is_fine():
+def test_close_after_complete_frames_leaves_nothing_behind():
     decoder = FrameDecoder(udf_pb2.Request)
-    decoder.feed(b"\x02\x0a\x00")
-    decoder.close()
+    (message,) = decoder.feed(b"\x02\x0a\x00")
+    assert message == udf_pb2.Request(info=udf_pb2.InfoRequest()) and decoder.buffered == 0
+    decoder.close()  # nothing left, so no error (a partial frame: test_trailing_partial_frame)
 
 
 # ---------------------------------------------------------------------------
