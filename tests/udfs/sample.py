@@ -4,6 +4,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -21,9 +22,15 @@ def sleepy(df, ctx):
     return df
 
 
+# Set when a call of slow_local begins (it runs in the agent's process): tests wait on it
+# instead of sleeping until it probably began.
+slow_local_began = threading.Event()
+
+
 @stream_udf(options=[Option("seconds", float, default=0.5)], compute=False)
 def slow_local(df, ctx):
     """Sleeps in every call, then echoes, without Spark: a backlog that takes long to compute."""
+    slow_local_began.set()
     time.sleep(ctx.options["seconds"])
     return df
 
