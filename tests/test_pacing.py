@@ -3,6 +3,7 @@ micro-batch computes, leaves input unread until it is done (but answers keepaliv
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -78,12 +79,17 @@ def test_a_big_read_is_not_paused_after():
 # ---- the reader while a micro-batch computes (``Inbox._gather_while_computing``) ----
 
 COMPUTE_SECONDS = 0.6
+# Cleared, a micro-batch of _slow_echo does not end until the test sets it: what the test
+# sends meanwhile comes during the compute however slow the machine.
+_compute_may_end = threading.Event()
+_compute_may_end.set()
 
 
 @stream_udf()
 def _slow_echo(df: pd.DataFrame, ctx: Context) -> pd.DataFrame:
     """Echoes its points after a pause: a micro-batch that computes long enough to send more meanwhile."""
     time.sleep(COMPUTE_SECONDS)
+    _compute_may_end.wait(60)
     return df
 
 
@@ -128,11 +134,14 @@ def _point(number: int) -> dict[str, Any]:
 
 def test_points_that_come_while_a_micro_batch_computes_are_read_once_it_is_done(monkeypatch):
     monkeypatch.setattr(inbox, "COMPUTE_GATHER", 60.0)  # gather for as long as compute takes
-    agent, counted = _agent_computing_its_first_point()
-    reads_before = counted.reads
-    for number in range(1, 6):  # five points, each written on its own during the compute
-        agent.driver.point(**_point(number))
-        time.sleep(0.02)
+    _compute_may_end.clear()
+    try:
+        agent, counted = _agent_computing_its_first_point()
+        reads_before = counted.reads
+        for number in range(1, 6):  # five points, each written on its own during the compute
+            agent.driver.point(**_point(number))
+    finally:
+        _compute_may_end.set()
     agent.driver.responses.wait_for("point", 6, timeout=60)
     # One read takes all five once the first micro-batch is out (a reader that read each as
     # it came made five), and the compute thread makes it (``Inbox.read_ahead``): the reader
