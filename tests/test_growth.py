@@ -106,3 +106,13 @@ def test_after_an_idle_release_it_starts_again_from_one():
     assert growth.wanted == 1 and growth.reason.startswith("released")
     _, seen = run(growth, now, 3, connected=0, busy=0.0)
     assert set(seen) == {1}
+
+
+def test_status_shows_the_slots_the_cores_spark_holds_and_why():
+    from udf_agent.serve.status import table
+
+    server = {"kind": "shared server", "pid": 7, "socket": "/run/udf.sock", "uptime_s": 60, "spark": "ready", "resident_workers": 1, "tasks": []}
+    growing = {**server, "resident_slots": 2, "spark_cores": 1, "resident_slots_why": "growing: its 1 worker(s) busy 97% of 5 s"}
+    assert "Spark ready, 1 resident worker(s) of 2 slot(s), 1 core(s) of executors (growing: its 1 worker(s) busy 97% of 5 s): 0 task(s)" in table([growing])
+    fixed = {**server, "resident_slots": 1, "resident_slots_why": "fixed: --resident-slots, spark.cores.max or the master's cores"}
+    assert "1 resident worker(s) of 1 slot(s) (fixed: " in table([fixed])
