@@ -13,7 +13,7 @@ stream UDF fed 1.5 x the two-host one-core rate for ``--growth-seconds``. Issue 
 it keeps up (output >= 0.9 x input over every 5 s window from then on) within 60 s, computes on
 both hosts, and, its input stopped, holds <= 1 core within 90 s.
 
-    .venv/bin/python benchmarks/cores.py [--seconds 20] [--growth-seconds 90] [--no-batch] [--no-two-hosts] [--json PATH]
+    .venv/bin/python benchmarks/cores.py [--seconds 20] [--growth-seconds 90] [--no-batch] [--no-one-host] [--no-two-hosts] [--json PATH]
 
 Two hosts are network namespaces (``benchmarks/hosts.py``): root only; skipped, saying why,
 elsewhere.
@@ -169,12 +169,18 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
             time.sleep(0.2)
         frames = [encode_frame(udf_pb2.Request(point=grouped_point(i * SECOND, f"s{i % SERIES}", 1.0))) for i in range(int(rate * seconds) + 1)]
         sent, started, marks = 0, time.monotonic(), []
+        worker_hosts: dict[int, str | None] = {}
         while (elapsed := time.monotonic() - started) < seconds:
             due = int(elapsed * rate)
             if due > sent:
                 driver.send_raw(b"".join(frames[sent:due]))
                 sent = due
             marks.append((time.monotonic() - started, len(driver.responses.of("point"))))
+            if len(marks) % 100 == 0:  # each worker's host while it lives (a retired one's process is gone)
+                for pid in re.findall(r"resident worker \d+ \(pid (\d+)\) ready", driver.log()):
+                    if int(pid) not in worker_hosts:
+                        host = hosts.host_of(int(pid))
+                        worker_hosts[int(pid)] = host.label if host is not None else None
             time.sleep(0.01)
         stopped = time.monotonic()
         log_at_stop = len(driver.log())
@@ -187,14 +193,13 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
                 break
             time.sleep(0.5)
         log = driver.log()
-        workers = {int(pid): hosts.host_of(int(pid)) for pid in re.findall(r"resident worker \d+ \(pid (\d+)\) ready", log)}
         return {
             "fed_per_s": round(rate),
             "kept_up_from_s": kept_up_from(marks, rate, seconds),
             "windows_per_s": [round(rate_in) for rate_in in window_rates(marks, seconds)],
             "drained_after_stop_s": round(drained, 1),
             "one_core_after_stop_s": one_core,
-            "worker_hosts": sorted({host.label for host in workers.values() if host is not None}),
+            "worker_hosts": sorted({label for label in worker_hosts.values() if label is not None}),
             "slots_log": [line.split(": ", 1)[-1] for line in log.splitlines() if "resident slot(s)" in line],
         }
     finally:
@@ -227,6 +232,7 @@ def main() -> int:
     parser.add_argument("--micros", type=float, default=400.0, help="CPU microseconds a point of the stream UDF (default 400)")
     parser.add_argument("--no-batch", action="store_true", help="skip the batch UDF's figures")
     parser.add_argument("--no-two-hosts", action="store_true", help="skip the two-host figures")
+    parser.add_argument("--no-one-host", action="store_true", help="skip the one-host stream figures")
     parser.add_argument("--growth-seconds", type=float, default=90.0, help="seconds of feeding the growth case on two hosts (0: skip it; default 90)")
     parser.add_argument("--json", type=Path, default=Path(REPO) / "benchmarks" / "results" / "cores.json")
     args = parser.parse_args()
@@ -238,10 +244,11 @@ def main() -> int:
     }
     rows = []
     with tempfile.TemporaryDirectory(prefix="udf-cores-") as work:
-        print("stream, one host: local[1], local[2] ...", file=sys.stderr)
-        one = report["stream"]["local[1]"] = stream_one_host(1, args.micros, rate, args.seconds)
-        two = report["stream"]["local[2]"] = stream_one_host(2, args.micros, rate, args.seconds)
-        rows.append(("stream", "one host, own Spark", "local[1] / local[2]", one["points_per_s"], two["points_per_s"]))
+        if not args.no_one_host:
+            print("stream, one host: local[1], local[2] ...", file=sys.stderr)
+            one = report["stream"]["local[1]"] = stream_one_host(1, args.micros, rate, args.seconds)
+            two = report["stream"]["local[2]"] = stream_one_host(2, args.micros, rate, args.seconds)
+            rows.append(("stream", "one host, own Spark", "local[1] / local[2]", one["points_per_s"], two["points_per_s"]))
         if not args.no_two_hosts:
             print("stream, two hosts: spark.cores.max=1, 2 ...", file=sys.stderr)
             try:
