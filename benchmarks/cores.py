@@ -10,8 +10,10 @@ of one and then two 1-core workers). The one-core rate is measured in the same r
 
 Growth (two hosts, default flags: the task starts with one core and grows by itself): the
 stream UDF fed 1.5 x the two-host one-core rate for ``--growth-seconds``. Issue N's targets:
-it keeps up (output >= 0.9 x input over every 5 s window from then on) within 60 s, computes on
-both hosts, and, its input stopped, holds <= 1 core within 90 s.
+it keeps up within 60 s (from then on its output never lags its input by more than
+``KEPT_UP_LAG`` seconds of input, and over the last 30 s it answers >= 0.9 x what it is fed),
+computes on both hosts, and, its input stopped, holds <= 1 core within 90 s. Outputs come a
+micro-batch (up to 2,000 points) at a time, so rates over short windows are too coarse to judge.
 
     .venv/bin/python benchmarks/cores.py [--seconds 20] [--growth-seconds 90] [--no-batch] [--no-one-host] [--no-two-hosts] [--json PATH]
 
@@ -154,6 +156,8 @@ def stream_two_hosts(work: Path, micros: float, rate: float, seconds: float, gro
 
 KEEP_UP = 0.9
 GROWTH_WINDOW = 5.0
+# Kept up: the output never lags the input by more than this many seconds of input.
+KEPT_UP_LAG = 2.0
 
 
 def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, seconds: float) -> dict[str, Any]:
@@ -168,7 +172,7 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
                 raise RuntimeError(f"no {READY!r}: {driver.log()[-2000:]}")
             time.sleep(0.2)
         frames = [encode_frame(udf_pb2.Request(point=grouped_point(i * SECOND, f"s{i % SERIES}", 1.0))) for i in range(int(rate * seconds) + 1)]
-        sent, started, marks = 0, time.monotonic(), []
+        sent, started, marks, sent_marks = 0, time.monotonic(), [], []
         worker_hosts: dict[int, str | None] = {}
         while (elapsed := time.monotonic() - started) < seconds:
             due = int(elapsed * rate)
@@ -176,6 +180,7 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
                 driver.send_raw(b"".join(frames[sent:due]))
                 sent = due
             marks.append((time.monotonic() - started, len(driver.responses.of("point"))))
+            sent_marks.append(sent)
             if len(marks) % 100 == 0:  # each worker's host while it lives (a retired one's process is gone)
                 for pid in re.findall(r"resident worker \d+ \(pid (\d+)\) ready", driver.log()):
                     if int(pid) not in worker_hosts:
@@ -195,7 +200,8 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
         log = driver.log()
         return {
             "fed_per_s": round(rate),
-            "kept_up_from_s": kept_up_from(marks, rate, seconds),
+            "kept_up_from_s": kept_up_from(marks, sent_marks, rate),
+            "last_30_s_out_over_in": round(answered_share(marks, sent_marks, 30.0), 3),
             "windows_per_s": [round(rate_in) for rate_in in window_rates(marks, seconds)],
             "drained_after_stop_s": round(drained, 1),
             "one_core_after_stop_s": one_core,
@@ -216,14 +222,25 @@ def window_rates(marks: list[tuple[float, int]], seconds: float) -> list[float]:
     return [(outputs_at((n + 1) * GROWTH_WINDOW) - outputs_at(n * GROWTH_WINDOW)) / GROWTH_WINDOW for n in range(windows)]
 
 
-def kept_up_from(marks: list[tuple[float, int]], rate: float, seconds: float) -> float | None:
-    """The start of the first window from which every window's output is >= KEEP_UP x ``rate``
-    (None: it never kept up)."""
-    rates = window_rates(marks, seconds)
-    for index in range(len(rates)):
-        if all(out >= KEEP_UP * rate for out in rates[index:]):
-            return index * GROWTH_WINDOW
+def kept_up_from(marks: list[tuple[float, int]], sent: list[int], rate: float) -> float | None:
+    """The first moment (in GROWTH_WINDOW steps) from which the outputs never lag the points
+    sent by more than KEPT_UP_LAG seconds of input (None: never), from parallel marks of
+    (seconds, outputs so far) and points sent so far."""
+    lags = [(at, sent_so_far - answered) for (at, answered), sent_so_far in zip(marks, sent)]
+    step = 0.0
+    while step <= lags[-1][0]:
+        if all(lag <= KEPT_UP_LAG * rate for at, lag in lags if at >= step):
+            return step
+        step += GROWTH_WINDOW
     return None
+
+
+def answered_share(marks: list[tuple[float, int]], sent: list[int], seconds: float) -> float:
+    """Outputs over points sent in the last ``seconds`` of the marks."""
+    end = marks[-1][0]
+    first = next(index for index, (at, _) in enumerate(marks) if at >= end - seconds)
+    fed = sent[-1] - sent[first]
+    return (marks[-1][1] - marks[first][1]) / fed if fed else float("nan")
 
 
 def main() -> int:
@@ -278,7 +295,9 @@ def main() -> int:
         kept, idle = growth["kept_up_from_s"], growth["one_core_after_stop_s"]
         print("\n| growth, two hosts, default flags | figure | target | met |")
         print("| --- | --- | --- | --- |")
-        print(f"| fed 1.5 x one core ({growth['fed_per_s']:,} points/s): keeps up (>= {KEEP_UP} x input every 5 s) from | {kept} s | <= 60 s | {'yes' if kept is not None and kept <= 60 else 'no'} |")
+        share = growth["last_30_s_out_over_in"]
+        print(f"| fed 1.5 x one core ({growth['fed_per_s']:,} points/s): keeps up (output lags < {KEPT_UP_LAG:g} s of input) from | {kept} s | <= 60 s | {'yes' if kept is not None and kept <= 60 else 'no'} |")
+        print(f"| output / input, last 30 s of feeding | {share:.2f} | >= {KEEP_UP} | {'yes' if share >= KEEP_UP else 'no'} |")
         print(f"| hosts its workers ran on | {', '.join(growth['worker_hosts'])} | A, B | {'yes' if growth['worker_hosts'] == ['A', 'B'] else 'no'} |")
         print(f"| input stopped: holds <= 1 core after | {idle} s (drained in {growth['drained_after_stop_s']} s) | <= 90 s | {'yes' if idle is not None and idle <= 90 else 'no'} |")
     return 0

@@ -440,7 +440,7 @@ class ResidentSlots:
                 worker.link.close()  # an idle worker whose job ended is gone; a busy one is lost by its reader
             if error is not None or slot.served:
                 log.warning("Spark's resident job of slot %d ended: %s", slot.index, worker_end(error) if error is not None else "its worker left")
-            if slot.served and slot.active and not self.stopped.is_set():
+            if slot.served and not self.stopped.is_set():
                 self.worker_losses += 1
                 self._launch(slot)  # it was serving: the slot is wanted back at once
             self.cond.notify_all()
@@ -532,7 +532,6 @@ class ResidentSlots:
         log.info("no micro-batch for %.0f s: resident workers released, their cores given back to Spark", idle)
         self._end_jobs(retired, clean_end=1.0, after_cancel=5.0)
         return None
-
 
     # ---- growing and shrinking (with ``growth``) ----
 

@@ -426,15 +426,18 @@ def test_the_cores_benchmark_measures_from_micro_batch_to_micro_batch():
         answered_rate(marks, since=4.0)
 
 
-def test_the_growth_case_keeps_up_from_the_first_window_after_which_none_falls_short():
-    from benchmarks.cores import kept_up_from, window_rates
+def test_the_growth_case_keeps_up_from_when_its_output_never_lags_two_seconds_of_input():
+    from benchmarks.cores import answered_share, kept_up_from, window_rates
 
-    # Fed 100 points/s for 30 s; outputs come at 50/s for 12 s, then at 100/s but for a stall
-    # from 20 to 22 s.
-    def outputs(at: float) -> float:
-        return 50 * min(at, 12) + 100 * max(0.0, min(at, 20) - 12) + 100 * max(0.0, at - 22)
+    # Fed 100 points/s for 30 s; outputs come at 50/s for 12 s, then at 150/s until caught up
+    # (at 24 s), then as fed.
+    def outputs(at: float) -> int:
+        return int(min(50 * min(at, 12) + 150 * max(0.0, at - 12), 100 * at))
 
-    marks = [(t / 10, int(outputs(t / 10))) for t in range(301)]
-    assert window_rates(marks, 30) == [50, 50, 80, 100, 60, 100]
-    assert kept_up_from(marks, 100, 30) == 25.0  # the stall's window falls short: from 25 s on
-    assert kept_up_from(marks, 1_000, 30) is None
+    marks = [(t / 10, outputs(t / 10)) for t in range(301)]
+    sent = [int(100 * t / 10) for t in range(301)]
+    assert window_rates(marks, 30) == [50, 50, 110, 150, 140, 100]
+    # The lag is over 200 points (2 s of input) from 4 s until 20 s: kept up from 20 s on.
+    assert kept_up_from(marks, sent, 100) == 20.0
+    assert answered_share(marks, sent, 10.0) == 1.0
+    assert kept_up_from(marks, [10 * s for s in sent], 100) is None
