@@ -110,6 +110,10 @@ def test_bad_durations_and_conf_are_usage_errors(runner):
         (["run", "mirror", "--max-batch-points", "0"], "max-batch-points"),
         (["run", "mirror", "--drain-timeout", "0s"], "greater than zero"),
         (["serve", "--socket", "/tmp/x.sock", "--socket-mode", "rw", "mirror"], "octal"),
+        (["run", "mirror", "--max-cores", "2", "--resident-slots", "2"], "--max-cores bounds cores that grow with the load; --resident-slots fixes them"),
+        (["run", "mirror", "--max-cores", "2", "--conf", "spark.cores.max=3"], "--conf spark.cores.max fixes them"),
+        (["serve", "--socket", "/tmp/x.sock", "--max-cores", "2", "--resident-slots", "1", "mirror"], "--resident-slots fixes them"),
+        (["run", "mirror", "--max-cores", "0"], "max-cores"),
     ):
         result = runner.invoke(main, args)
         assert result.exit_code == 2, (args, result.output)
@@ -261,7 +265,7 @@ def test_gather_reaches_the_agent_and_its_session():
 
     context = run.make_context("run", ["moving_avg", "--gather", "20ms"])
     command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
-    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only})
+    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only}, ())
     ours, theirs = socket.socketpair()
     with ours, theirs:
         agent = Agent(None, SocketConnection(theirs), Engines(LocalEngine), AgentConfig.from_options(agent_options))
@@ -295,7 +299,7 @@ def test_allow_module_reaches_the_session_through_a_relays_handshake():
 
     context = run.make_context("run", ["stream_fn", "--allow-module", "mypkg", "--allow-module", "other.functions"])
     command_only = {"target", "script_args", "master", "confs", "log_level", "log_format", "metrics_address", "own_spark", "shared_idle_exit"}
-    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only})
+    _, agent_options = split_engine_options({name: value for name, value in context.params.items() if name not in command_only}, ())
     handshake = json.loads(json.dumps({"agent": agent_options}))["agent"]  # as the shared server reads it
     ours, theirs = socket.socketpair()
     with ours, theirs:

@@ -180,9 +180,14 @@ SERVER_METRICS = "Serve Prometheus metrics at http://HOST:PORT/metrics: per task
 ENGINE_OPTIONS = ("spark_dispatch", "batch_timeout", "resident_slots", "resident_idle", "local_while_starting", "local_max_points", "remote", "worker_memory", "max_cores")
 
 
-def split_engine_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A command line's compute options: (the engines', the agent's)."""
+def split_engine_options(options: dict[str, Any], confs: tuple[tuple[str, str], ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A command line's compute options: (the engines', the agent's). --max-cores bounds
+    cores that grow: with cores fixed by hand it would mean nothing, so it is refused."""
     engine = {name: options[name] for name in ENGINE_OPTIONS}
+    if engine["max_cores"] is not None:
+        fixed = "--resident-slots" if engine["resident_slots"] is not None else "--conf spark.cores.max" if any(key == "spark.cores.max" for key, _ in confs) else None
+        if fixed is not None:
+            raise click.UsageError(f"--max-cores bounds cores that grow with the load; {fixed} fixes them: give one or the other")
     return engine, {name: value for name, value in options.items() if name not in engine}
 
 
@@ -194,7 +199,7 @@ def compute_options(function: CommandFunction) -> CommandFunction:
         click.option("--spark-dispatch", type=click.Choice(["resident", "jobs"]), default="resident", show_default=True, help="How micro-batches reach Spark: 'resident' tasks that stay up and are fed over a socket (milliseconds per micro-batch; executors must reach the agent), or a Spark 'jobs' per micro-batch (0.2-0.5 s each)."),
         click.option("--batch-timeout", type=DurationType(), default="60s", show_default=True, help="A micro-batch still computing on Spark after this long is abandoned and retried once on fresh resident workers; a second failure ends the task with an ErrorResponse."),
         click.option("--resident-slots", type=click.IntRange(min=1), default=None, help="Resident workers to launch, each holding one Spark core for as long as it lives.  [default: the cores the application has: N of local[N]; on a standalone cluster one, growing with the load (--max-cores), or spark.cores.max if given; 1 on Spark Connect, whose cores every client shares]"),
-        click.option("--max-cores", type=click.IntRange(min=1), default=None, help="On a standalone cluster, the most cores (resident slots, each a one-core executor) the task or shared server grows to. It starts with one, takes one more while its workers are busy over 85% of 5 s, and gives one back once its work fits in fewer for 10 s, and every one when idle (--resident-idle); Spark's dynamic allocation starts and ends the executors. Not with --resident-slots or --conf spark.cores.max, which fix the cores.  [default: what the cluster has free]"),
+        click.option("--max-cores", type=click.IntRange(min=1), default=None, help="On a standalone cluster, the most cores (resident slots, each a one-core executor) the task or shared server grows to. It starts with one, takes one more while its workers are busy over 85% of 5 s, and gives one back once its work fits in fewer for 10 s, and every one when idle (--resident-idle); Spark's dynamic allocation starts and ends the executors. Refused with --resident-slots or --conf spark.cores.max, which fix the cores.  [default: what the cluster has free]"),
         click.option("--resident-idle", type=DurationType(), default="30s", show_default=True, help="Resident workers that get no micro-batch for this long end, giving their cores back to Spark (and on a standalone cluster their executor back to the cluster, 10 s later). The next micro-batch relaunches them: on an embedded Spark it waits about a second for them; on a cluster or Spark Connect it runs as a Spark job (0.2-0.5 s, more while an executor starts) until they connect. State lives in the agent: nothing is lost."),
         click.option("--worker-memory", type=ByteSizeType(), default=None, help="Resident memory a resident Spark Python worker may reach while it computes (512m, 4g; 0: no limit). Past it the worker ends, its micro-batch fails with an error saying so (retried never: the UDF did it), and a fresh worker takes its slot: a UDF that allocates without bound costs its own task, not the host's JVM or shared server to the out-of-memory killer. Embedded Spark and standalone clusters whose executors run Linux.  [default: half the host's memory shared by the resident slots, at least 1g]"),
         click.option("--local-while-starting/--no-local-while-starting", default=None, help="Compute micro-batches in the agent process (the same code Spark runs) while Spark starts, instead of holding them until it is up.  [default: on with a local master, else off]"),

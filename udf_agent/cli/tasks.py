@@ -48,7 +48,7 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
 
     TARGET may be a script written for Kapacitor's own Python agent (path/to/script.py, its
     arguments after --): it runs unmodified, its handler computed on Spark (docs/migrating.md)."""
-    engine_options, agent_options = split_engine_options(options)
+    engine_options, agent_options = split_engine_options(options, confs)
     from udf_agent.api import names_a_script
     from udf_agent.serve.placement import Invocation, relays
 
@@ -115,7 +115,7 @@ def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout
         raise click.BadParameter(f"{socket_mode!r} is not a file mode", param_hint="--socket-mode")
     configure_logging(log_level, log_format)
     spec = load_target(target)
-    engine_options, agent_options = split_engine_options(options)
+    engine_options, agent_options = split_engine_options(options, confs)
     engines = spark_engines(master, confs, **engine_options)
     config = AgentConfig.from_options(agent_options)
     server = UnixSocketServer(
