@@ -110,16 +110,21 @@ def feed_and_count(driver: KapacitorDriver, rate: float, seconds: float) -> dict
     }
 
 
+def start_task(driver: KapacitorDriver, micros: float) -> None:
+    """Inits the stream UDF's task and waits until its compute engine is ready."""
+    if not driver.init(option("micros", micros), timeout=180).success:
+        raise RuntimeError(f"the task did not start: {driver.log()[-2000:]}")
+    deadline = time.monotonic() + 180
+    while READY not in driver.log():
+        if time.monotonic() > deadline or driver.process.poll() is not None:
+            raise RuntimeError(f"no {READY!r}: {driver.log()[-2000:]}")
+        time.sleep(0.2)
+
+
 def run_stream(driver: KapacitorDriver, micros: float, rate: float, seconds: float) -> dict[str, float]:
     """Inits the task, waits for its resident workers, warms it, then ``feed_and_count``."""
     try:
-        if not driver.init(option("micros", micros), timeout=180).success:
-            raise RuntimeError(f"the task did not start: {driver.log()[-2000:]}")
-        deadline = time.monotonic() + 180
-        while READY not in driver.log():
-            if time.monotonic() > deadline or driver.process.poll() is not None:
-                raise RuntimeError(f"no {READY!r}: {driver.log()[-2000:]}")
-            time.sleep(0.2)
+        start_task(driver, micros)
         for i in range(SERIES):
             driver.send(udf_pb2.Request(point=grouped_point(i, f"s{i}", 1.0)))
         driver.responses.wait_for("point", SERIES, timeout=120)
@@ -166,13 +171,7 @@ def run_growth(driver: KapacitorDriver, hosts: Any, micros: float, rate: float, 
     """Feeds ``rate`` points/s to a task that starts with one core; when it kept up from,
     where its workers ran, and how long after its input stopped it held one core or none."""
     try:
-        if not driver.init(option("micros", micros), timeout=180).success:
-            raise RuntimeError(f"the task did not start: {driver.log()[-2000:]}")
-        deadline = time.monotonic() + 180
-        while READY not in driver.log():
-            if time.monotonic() > deadline or driver.process.poll() is not None:
-                raise RuntimeError(f"no {READY!r}: {driver.log()[-2000:]}")
-            time.sleep(0.2)
+        start_task(driver, micros)
         frames = [encode_frame(udf_pb2.Request(point=grouped_point(i * SECOND, f"s{i % SERIES}", 1.0))) for i in range(int(rate * seconds) + 1)]
         sent, started, marks, sent_marks = 0, time.monotonic(), [], []
         worker_hosts: dict[int, str | None] = {}

@@ -21,6 +21,14 @@ def run(growth: CoreGrowth, start: float, seconds: float, connected: int, busy: 
     return now, seen
 
 
+def asking_for_a_second_slot(cap: int | None = None) -> tuple[CoreGrowth, float]:
+    """A policy whose one worker was busy a whole window: it wants a second slot now."""
+    growth = CoreGrowth(cap=cap, now=0.0)
+    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
+    assert growth.wanted == 2
+    return growth, now
+
+
 def test_it_starts_with_one_slot_and_grows_by_one_when_the_workers_are_busy_a_whole_window():
     growth = CoreGrowth(cap=None, now=0.0)
     assert growth.wanted == 1
@@ -43,17 +51,14 @@ def test_workers_that_are_not_busy_enough_never_grow():
 
 
 def test_it_stops_at_the_cap_and_says_so():
-    growth = CoreGrowth(cap=2, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
+    growth, now = asking_for_a_second_slot(cap=2)
     now, seen = run(growth, now, 4 * WINDOW, connected=2, busy=2.0)
     assert set(seen) == {2}
     assert growth.reason.startswith("capped: --max-cores 2")
 
 
 def test_a_slot_spark_never_grants_is_given_up_and_not_asked_again_for_a_while():
-    growth = CoreGrowth(cap=None, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
-    assert growth.wanted == 2
+    growth, now = asking_for_a_second_slot()
     now, seen = run(growth, now, PATIENCE + 1, connected=1, busy=1.0)
     assert seen[-1] == 1 and growth.reason.startswith("capped: Spark granted no core")
     now, seen = run(growth, now, CAPPED_PAUSE - WINDOW, connected=1, busy=1.0)
@@ -63,17 +68,14 @@ def test_a_slot_spark_never_grants_is_given_up_and_not_asked_again_for_a_while()
 
 
 def test_a_slot_still_waiting_for_its_core_is_given_up_when_the_load_falls():
-    growth = CoreGrowth(cap=None, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
-    assert growth.wanted == 2
+    growth, now = asking_for_a_second_slot()
     now, seen = run(growth, now, WINDOW + 1, connected=1, busy=0.2)
     assert seen[-1] == 1 and growth.reason.startswith("steady: the load fell")
     assert now < PATIENCE
 
 
 def test_it_shrinks_one_slot_at_a_time_once_the_work_fits_in_fewer_and_not_before():
-    growth = CoreGrowth(cap=None, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
+    growth, now = asking_for_a_second_slot()
     now, _ = run(growth, now, WINDOW + 1, connected=2, busy=2.0)
     now, _ = run(growth, now, 2, connected=3, busy=3.0)
     assert growth.wanted == 3
@@ -90,8 +92,7 @@ def test_it_shrinks_one_slot_at_a_time_once_the_work_fits_in_fewer_and_not_befor
 
 
 def test_the_busy_share_is_measured_on_the_workers_connected_now():
-    growth = CoreGrowth(cap=None, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
+    growth, now = asking_for_a_second_slot()
     # The second worker joins: a window begins; one busy worker of two is 50 %, not 100 %.
     now, seen = run(growth, now, 3 * WINDOW, connected=2, busy=1.0)
     assert set(seen) == {2}
@@ -99,8 +100,7 @@ def test_the_busy_share_is_measured_on_the_workers_connected_now():
 
 
 def test_after_an_idle_release_it_starts_again_from_one():
-    growth = CoreGrowth(cap=None, now=0.0)
-    now, _ = run(growth, 0.0, WINDOW + 1, connected=1, busy=1.0)
+    growth, now = asking_for_a_second_slot()
     now, _ = run(growth, now, 2, connected=2, busy=2.0)
     growth.released(now)
     assert growth.wanted == 1 and growth.reason.startswith("released")
