@@ -1,9 +1,10 @@
 """cProfile of the agent's compute thread in place: moving_avg on its own Spark fed 1,000
 points/s, singly or in bursts (``--burst``), as ``run.py --cases latency`` feeds it, with every micro-batch's
 ``MicroBatchRunner._compute`` (or, ``--what read-ahead``, every ``Inbox.read_ahead``: the
-compute thread reading the input between two micro-batches) profiled inside the agent's process.
+compute thread reading the input between two micro-batches; ``--what take-in``, every
+``Inbox._take_in``: the frames of a read cut and acted on) profiled inside the agent's process.
 
-    python -m benchmarks.profile_compute [--seconds 10] [--burst 1] [--top 40] [--sort cumulative] [--what compute|read-ahead] [--save PATH]
+    python -m benchmarks.profile_compute [--seconds 10] [--burst 1] [--top 40] [--sort cumulative] [--what compute|read-ahead|take-in] [--save PATH]
 
 Prints the run's p50 / p99 and the profile's top functions, and how many calls it covers:
 divide a function's time by them for its cost a call (under the profiler, which inflates
@@ -29,7 +30,7 @@ DUMP_INTERVAL = 1.0
 
 
 # What ``--what`` profiles: the class and method, each call of which is profiled.
-PROFILED = {"compute": ("udf_agent.runtime.runner", "MicroBatchRunner", "_compute"), "read-ahead": ("udf_agent.runtime.inbox", "Inbox", "read_ahead")}
+PROFILED = {"compute": ("udf_agent.runtime.runner", "MicroBatchRunner", "_compute"), "read-ahead": ("udf_agent.runtime.inbox", "Inbox", "read_ahead"), "take-in": ("udf_agent.runtime.inbox", "Inbox", "_take_in")}
 
 
 def _profiled_agent(path: str, what: str, agent_args: list[str]) -> None:
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1, help="points a burst, written back to back every burst/1,000 s (default 1: an even trickle)")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"])
-    parser.add_argument("--what", default="compute", choices=sorted(PROFILED), help="what is profiled: each micro-batch, or each read between two")
+    parser.add_argument("--what", default="compute", choices=sorted(PROFILED), help="what is profiled: each micro-batch, each read between two, or each read's frames acted on")
     parser.add_argument("--save", metavar="PATH", help="keep the profile there (pstats)")
     args = parser.parse_args()
     rate, settings = 1_000.0, Settings()

@@ -46,9 +46,10 @@ class Timeline:
         return max(self.waits)
 
 
-def play(written: list[float], policy: FlushPolicy, read_cost: float = 30e-6, compute_cost: float = 1e-3) -> Timeline:
+def play(written: list[float], policy: FlushPolicy, read_cost: float = 30e-6, compute_cost: float = 1e-3, reader_wakes_after: float = 0.0) -> Timeline:
     """Plays the reader and an idle-when-done compute thread over points written at ``written``
-    (sorted; each point's body, the write that completes it)."""
+    (sorted; each point's body, the write that completes it). A reader that found nothing
+    waiting reads ``reader_wakes_after`` after the next write (a wake-up on a quiet host)."""
     result = Timeline()
     open_points: list[float] = []  # the open micro-batch: when each of its points was written
     opened_at = 0.0
@@ -77,7 +78,7 @@ def play(written: list[float], policy: FlushPolicy, read_cost: float = 30e-6, co
             open_points = []
             compute_free_at = now + compute_cost
         # The next moment anything happens: a write, the compute thread free, a due time.
-        upcoming = [written[read]] if read < len(written) else []
+        upcoming = [max(now, written[read] + reader_wakes_after)] if read < len(written) and written[read] > now else [written[read]] if read < len(written) else []
         if open_points:
             upcoming.append(max(compute_free_at, policy.due(opened_at, now)))
         now = max(now, min(upcoming)) if upcoming else end
@@ -108,6 +109,15 @@ def test_a_burst_read_as_it_is_written_is_taken_once_it_ends():
     timeline = play(burst_writes(1_000, 1.0, bursts=1), FlushPolicy(**POLICY), read_cost=POINT_GAP * 4)
     assert timeline.batches == [1_000]
     assert timeline.worst < 1_000 * POINT_GAP + 1e-3
+
+
+def test_a_burst_read_whole_long_after_the_last_one_is_no_stream():
+    # The reader wakes once the writer has written a whole burst, a second after the last: each
+    # burst is one read of 120 KB, and nothing was read between two. It is taken at once, never
+    # held a settle time as if a stream were still flowing (it was, for 50 ms, a second ago).
+    timeline = play(burst_writes(1_000, 1.0, bursts=3), FlushPolicy(**POLICY), reader_wakes_after=0.01)
+    assert timeline.batches == [1_000] * 3
+    assert timeline.worst < 0.01 + 1e-3 < SETTLE + 0.01
 
 
 def test_a_paced_stream_is_no_pause_and_its_end_is_seen_a_settle_time_late():

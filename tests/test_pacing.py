@@ -8,14 +8,30 @@ import time
 from typing import Any
 
 import pandas as pd
+import pytest
 
 from udf_agent.api import Context, stream_udf
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.runtime import inbox
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
-from udf_agent.runtime.pacing import PAUSE, SMALL_READ, SUSTAINED, ReadPacer
+from udf_agent.runtime.pacing import PAUSE, SMALL_READ, STREAM_WINDOW, SUSTAINED, ReadPacer, StreamWatch
 from udf_agent.testing import InProcessAgent
+
+
+def test_fast_input_is_a_stream_while_every_window_has_it_and_a_read_after_a_quiet_window_starts_anew():
+    watch = StreamWatch()
+    for step in range(4):  # 200 KB every 10 ms: 20 MB/s
+        watch.read(200_000, step * 0.01)
+    assert watch.streaming(0.03) and watch.lasted(0.03) == pytest.approx(0.03)
+    # A read held off for less than a window brings what came meanwhile: the spell goes on.
+    watch.read(400_000, 0.03 + STREAM_WINDOW * 0.9)
+    assert watch.streaming(0.03 + STREAM_WINDOW * 0.9)
+    # A second later, nothing read between: the burst it brings is no stream, whatever its size.
+    watch.read(200_000, 1.0)
+    assert not watch.streaming(1.0) and watch.lasted(1.0) == 0.0
+    watch.read(200_000, 1.0 + SUSTAINED)  # ... until it has come fast for SUSTAINED
+    assert watch.streaming(1.0 + SUSTAINED)
 
 
 def test_a_trickle_is_never_paused():

@@ -59,10 +59,16 @@ class StreamWatch:
 
     def read(self, size: int, now: float) -> None:
         window = self._window
+        while window and window[0][0] <= now - STREAM_WINDOW:
+            self._bytes -= window.popleft()[1]
+        if not window:
+            # No read for a whole window: whatever this one brings starts a new spell. Without
+            # this, a burst read whole a second after the last one (nothing read between them
+            # to say the input had slowed) continued the last one's spell and counted as a
+            # stream: the reader then waited SETTLE for more before it was computed.
+            self._fast_since = None
         window.append((now, size))
         self._bytes += size
-        while window[0][0] <= now - STREAM_WINDOW:
-            self._bytes -= window.popleft()[1]
         if self._bytes < STREAM_RATE * STREAM_WINDOW:
             self._fast_since = None
         elif self._fast_since is None:
