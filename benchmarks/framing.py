@@ -14,32 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Imported (numba and all) with this module, never on the clock.
-from udf_agent.wire.frames import encode_varint  # noqa: F401  (re-exported for the benchmark modules)
+from udf_agent.wire.frames import ERROR_KEY, INIT_KEY, KEEPALIVE_KEY, POINT_KEY, SNAPSHOT_KEY, ProtocolError, read_varint
 from udf_agent.wire.scanner import OK, POINT, scan, warm_up
 
 warm_up()
 
-# Response oneof keys as the first bytes of a frame body: field number << 3 | 2.
-POINT_KEY = b"\x8a\x01"  # Response.point = 17
-KEEPALIVE_KEY = 0x1A  # Response.keepalive = 3
-INIT_KEY = 0x12  # Response.init = 2
-ERROR_KEY = 0x32  # Response.error = 6
-SNAPSHOT_KEY = 0x22  # Response.snapshot = 4
 
 CHUNK_SIZE = 4 * 1024 * 1024
-
-
-def read_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it; IndexError when it runs off the end."""
-    value = 0
-    shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 def split_frames(data: bytes | bytearray, pos: int = 0) -> tuple[list[tuple[int, int]], int]:
@@ -53,7 +34,7 @@ def split_frames(data: bytes | bytearray, pos: int = 0) -> tuple[list[tuple[int,
         if length >= 0x80:
             try:
                 length, start = read_varint(data, pos)
-            except IndexError:
+            except ProtocolError:  # the length runs off the end: the frame is cut
                 break
         end = start + length
         if end > size:
@@ -87,7 +68,7 @@ def count_frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> int:
 
 def point_time(body: bytes | bytearray | memoryview) -> int | None:
     """Point.time of a Response{point} frame body, read without protobuf (None if not a point)."""
-    if body[0] != 0x8A or body[1] != 0x01:
+    if body[:2] != POINT_KEY:
         return None
     length, pos = read_varint(body, 2)
     end = pos + length
@@ -169,7 +150,7 @@ class OutputTally:
         for start, end in spans:
             if start == end:
                 self.errors.append("empty Response frame (crashes kapacitord)")
-            elif buffer[start] == 0x8A and buffer[start + 1] == 0x01:
+            elif buffer[start] == POINT_KEY[0] and buffer[start + 1] == POINT_KEY[1]:
                 points += 1
                 stamp = point_time(memoryview(buffer)[start:end])
                 if stamp is not None:

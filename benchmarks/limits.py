@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.framing import count_frames_in_file, encode_varint, frames_in_file
+from benchmarks.framing import count_frames_in_file, frames_in_file
 from benchmarks.workload import Workload
+from udf_agent.wire.frames import encode_varint
 
 # Varint prefixes of every length a point frame can have, looked up instead of encoded.
 _PREFIXES = [encode_varint(n) for n in range(1 << 14)]

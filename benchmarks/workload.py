@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.framing import encode_varint, read_varint
+from udf_agent.wire.frames import encode_varint, read_varint
 
 T0_NS = 1_700_000_000_000_000_000  # any time in [2**56, 2**63) encodes in 9 varint bytes
 STEP_NS = 1_000_000

@@ -11,10 +11,11 @@ import time
 import pytest
 
 from benchmarks.driver import run_paced
-from benchmarks.framing import encode_varint, point_time, split_frames
+from benchmarks.framing import point_time, split_frames
 from benchmarks.run import PASSTHROUGH, Settings, _median_latency_run, arrival_label, baseline, format_table, ours, run_benchmarks
 from benchmarks.workload import MOVING_AVG_OPTIONS, Workload, group_id, group_tags, init_frame
 from udf_agent import udf_pb2
+from udf_agent.wire.frames import encode_varint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -410,7 +411,7 @@ def test_every_choice_of_profile_computes_what_names_a_method_of_the_agent():
 
     from benchmarks import profile_compute
 
-    assert sorted(profile_compute.PROFILED) == ["compute", "read-ahead"]
+    assert sorted(profile_compute.PROFILED) == ["compute", "read-ahead", "take-in"]
     for module, cls_name, name in profile_compute.PROFILED.values():
         assert callable(getattr(getattr(importlib.import_module(module), cls_name), name)), (cls_name, name)
 

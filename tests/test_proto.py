@@ -302,3 +302,29 @@ def test_package_is_agent():
     # Kapacitor's messages live in package "agent"; the name is not on the wire
     # but a different one would clash with other generated modules in one pool.
     assert udf_pb2.DESCRIPTOR.package == "agent"
+
+
+def test_the_frame_body_keys_are_what_protobuf_writes_first_for_each_message():
+    # wire/frames names each message's key once, without protobuf: it must be the first bytes
+    # protobuf itself writes for that message, in a Request and in a Response alike.
+    from udf_agent.wire import frames
+
+    keys = {
+        "init": frames.INIT_KEY,
+        "keepalive": frames.KEEPALIVE_KEY,
+        "snapshot": frames.SNAPSHOT_KEY,
+        "restore": frames.RESTORE_KEY,
+        "error": frames.ERROR_KEY,
+        "begin": frames.BEGIN_KEY,
+        "point": frames.POINT_KEY,
+        "end": frames.END_KEY,
+    }
+    for envelope in (udf_pb2.Request, udf_pb2.Response):
+        for name, key in keys.items():
+            if name not in envelope.DESCRIPTOR.fields_by_name:
+                continue
+            message = envelope()
+            getattr(message, name).SetInParent()
+            expected = bytes((key,)) if isinstance(key, int) else key
+            assert message.SerializeToString().startswith(expected), f"{envelope.__name__}.{name}"
+    assert "error" not in udf_pb2.Request.DESCRIPTOR.fields_by_name  # a Response's only

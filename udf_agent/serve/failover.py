@@ -26,19 +26,11 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from udf_agent.wire.frames import KEEPALIVE_KEY, ProtocolError, read_varint
+from udf_agent.wire.frames import ERROR_KEY, INIT_KEY, KEEPALIVE_KEY, RESTORE_KEY, ProtocolError, read_varint
 from udf_agent.wire.keepalives import keepalive_request_time
 
 if TYPE_CHECKING:  # the relay's input side imports this at its first moment: only what it needs
     from udf_agent.serve.relay_link import Checkpoint
-
-# The first byte of a Response frame's body, by its message (field << 3 | length-delimited).
-INIT_REPLY = (2 << 3) | 2
-KEEPALIVE_REPLY = KEEPALIVE_KEY
-RESTORE_REPLY = (5 << 3) | 2
-ERROR_REPLY = (6 << 3) | 2
-# ... and of a Request frame's (the same field number).
-KEEPALIVE_REQUEST = KEEPALIVE_REPLY
 
 
 class CarryOverError(Exception):
@@ -149,7 +141,7 @@ class CarryOver:
         out = bytearray()
         for start, end, first in frames_in(frames):
             frame = frames[start:end]
-            if first in (ERROR_REPLY, KEEPALIVE_REPLY):
+            if first in (ERROR_KEY, KEEPALIVE_KEY):
                 # An error is never dropped: the task is ending, and Kapacitor must know why.
                 # Keepalive replies are not counted; one to a replayed request is a harmless extra.
                 out += frame
@@ -171,7 +163,7 @@ class CarryOver:
         self._made_up = []
         if self._checkpoint is not None:
             head = self._checkpoint.init_frame + restore_frame
-            self._made_up = [INIT_REPLY, RESTORE_REPLY]
+            self._made_up = [INIT_KEY, RESTORE_KEY]
         self._to_drop = self._passed
         self._head = len(head)
         self._shift = len(head) - self._input_base
@@ -187,7 +179,7 @@ class CarryOver:
             if frame_end > len(data):
                 break  # not whole yet
             end = frame_end
-            if first == KEEPALIVE_REQUEST:
+            if first == KEEPALIVE_KEY:
                 times.append(_keepalive_time(data[frame_start:frame_end]))
         return times, start + end
 
@@ -207,7 +199,7 @@ def _check_reply(expected: int, frame: bytes) -> None:
     response = udf_pb2.Response()
     response.ParseFromString(_body(frame))
     kind = response.WhichOneof("message")
-    wanted = "init" if expected == INIT_REPLY else "restore"
+    wanted = "init" if expected == INIT_KEY else "restore"
     if kind != wanted:
         raise CarryOverError(f"the new server answered {kind!r} to the {wanted} that starts the task again")
     answer = getattr(response, kind)

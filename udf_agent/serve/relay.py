@@ -23,7 +23,7 @@ from udf_agent.serve.relay_input import RelayInput
 from udf_agent.serve.relay_link import ChunkSplitter, LinkError
 from udf_agent.serve.relay_output import STOPPED_READER_TIMEOUT, OutputAbandoned
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
-from udf_agent.wire.frames import FrameSplitter, encode_varint
+from udf_agent.wire.frames import ERROR_KEY, FrameSplitter, encode_varint
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,6 @@ CHUNK = 256 * 1024
 SERVER_SEND_BUFFER = 32 * 1024
 # Carry-overs of one task before a dying server fails it as it did before carry-overs.
 MAX_CARRY_OVERS = 5
-# The field tag that starts an ErrorResponse's frame body (Response.error, field 6, bytes).
-ERROR_TAG = (6 << 3) | 2
 SERVER_END_GRACE = 0.5
 
 
@@ -131,7 +129,7 @@ class Relay:
         except LinkError as exc:
             return self.fail(f"udf-agent: the shared Spark server (pid {server.pid}) sent what this task's process cannot read ({exc}); its log: {server.log}")
         _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
-        if last_tag == ERROR_TAG:
+        if last_tag == ERROR_KEY:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
         finished = self._input.ended.is_set() and not partial and not self._carry.catching_up

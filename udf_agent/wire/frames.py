@@ -53,11 +53,19 @@ def encode_frame(message: Message) -> bytes:
     return encode_varint(len(body)) + body
 
 
-# Request.point and Response.point are both field 17, length-delimited: key varint (17 << 3) | 2.
-# (Two bytes, 0x8a 0x01.)
-POINT_KEY = encode_varint((17 << 3) | 2)
-# Request.keepalive and Response.keepalive: field 3, length-delimited, a key of one byte.
+# What a frame's body starts with, by the message it holds: Request's and Response's oneof
+# ``message`` is field N, length-delimited, so the body's first bytes are the key varint
+# (N << 3) | 2. Both number their messages alike (error is a Response's only). Named here
+# once, without protobuf (a relay reads them before it could import it); tests/test_proto.py
+# holds them to udf.proto. Under field 16 a key is one byte (an int), from 16 on two (bytes).
+INIT_KEY = (2 << 3) | 2
 KEEPALIVE_KEY = (3 << 3) | 2
+SNAPSHOT_KEY = (4 << 3) | 2
+RESTORE_KEY = (5 << 3) | 2
+ERROR_KEY = (6 << 3) | 2
+BEGIN_KEY = encode_varint((16 << 3) | 2)
+POINT_KEY = encode_varint((17 << 3) | 2)
+END_KEY = encode_varint((18 << 3) | 2)
 
 
 def count_frames(data: bytes, uncounted_key: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numba import njit
 
-from udf_agent.wire.frames import POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError, RequestRun, encode_varint
+from udf_agent.wire.frames import BEGIN_KEY, END_KEY, POINT_KEY, FrameSplitter, Piece, PointRun, ProtocolError, RequestRun
 from udf_agent.wire.grouped import GroupedPoints, group_points_by_key
 from udf_agent.wire.kernels import first_invalid_utf8, gather, skip_field, varint
 
@@ -128,9 +128,9 @@ def _scan(
     return count, pos, OK
 
 
-# Request.begin (16) and end (18), length-delimited, like point (17): keys of two bytes, the second 0x01.
-_BEGIN_KEY_0 = encode_varint((16 << 3) | 2)[0]
-_END_KEY_0 = encode_varint((18 << 3) | 2)[0]
+# Request.begin and end, like point: keys of two bytes, the second 0x01.
+_BEGIN_KEY_0 = BEGIN_KEY[0]
+_END_KEY_0 = END_KEY[0]
 
 
 @njit(cache=True, nogil=True)
