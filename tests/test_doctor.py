@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from udf_agent.tools.doctor import check_socket_dir
+from udf_agent.tools.doctor import check_socket_dir, spark_found
 
 
 def doctor(*args, env=None):
@@ -23,7 +23,22 @@ def test_a_healthy_machine_passes_every_check_and_spark_is_started_and_timed(tmp
     assert "'udf-agent prepare' builds one" in lines[2] or "Spark's JVM maps it as it starts" in lines[2]
     assert lines[4].startswith("OK   versions: Spark ") and ", protobuf " in lines[4] and ", Java " in lines[4] and "they fit together" in lines[4]
     assert "frame scanner and point codec loaded in " in lines[5]
-    assert "started in " in lines[6] and " s, micro-batches run on Spark" in lines[6]
+    import pyspark
+
+    assert "started in " in lines[6] and f" s, Spark {pyspark.__version__}, micro-batches run on Spark" in lines[6]
+
+
+def test_a_spark_connect_server_older_than_this_pyspark_fails_the_spark_line_saying_what_to_install(monkeypatch):
+    from udf_agent import versions
+
+    monkeypatch.setattr(versions, "pyspark_version", lambda: "4.1.0")
+    older = spark_found("3.5.6", connect=True, took=2.0, runs="on Spark's resident workers")
+    assert not older.ok and "newer than the Spark Connect server's Spark 3.5.6" in older.detail and "pyspark[connect]==3.5.*" in older.detail
+    same = spark_found("4.1.2", connect=True, took=2.0, runs="on Spark's resident workers")
+    assert same.ok and same.detail == "started in 2.0 s, the Spark Connect server runs Spark 4.1.2, micro-batches run on Spark's resident workers"
+    assert spark_found("4.2.0", connect=True, took=2.0, runs="x").ok  # a client may be older than its server
+    # A classic driver runs its own Spark: there is no server version to hold it to.
+    assert spark_found("3.5.6", connect=False, took=2.0, runs="x").ok
 
 
 @pytest.mark.integration

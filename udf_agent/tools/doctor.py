@@ -132,16 +132,34 @@ def check_compiled() -> Check:
 
 
 def check_spark(make_spark: Callable[[], SparkEngine]) -> Check:
-    """Starts Spark the way ``run`` does (resident workers included), times it, stops it."""
+    """Starts Spark the way ``run`` does (resident workers included), times it, stops it; says
+    which Spark it runs, and fails on a Spark Connect server older than this pyspark."""
     started = time.monotonic()
     engine = make_spark()
     try:
         engine.wait_ready()
+        session = engine.session
+        assert session is not None  # ready
+        version = str(session.dataframes.version)
     except Exception as exc:
         return Check("spark", False, f"did not start after {time.monotonic() - started:.1f} s: {exc}")
     finally:
         engine.stop()
-    return Check("spark", True, f"started in {time.monotonic() - started:.1f} s, micro-batches run {engine.name}")
+    took = time.monotonic() - started
+    return spark_found(version, engine.settings.remote is not None, took, engine.name)
+
+
+def spark_found(version: str, connect: bool, took: float, runs: str) -> Check:
+    """The spark line once it started: the Spark version it reported (a Connect server's own), and
+    Spark's rule that a Connect client may be older than its server, never newer."""
+    from udf_agent.versions import connect_client_warning, pyspark_version
+
+    if connect:
+        warning = connect_client_warning(pyspark_version() or "0", version)
+        if warning is not None:
+            return Check("spark", False, f"started in {took:.1f} s, but {warning}")
+        return Check("spark", True, f"started in {took:.1f} s, the Spark Connect server runs Spark {version}, micro-batches run {runs}")
+    return Check("spark", True, f"started in {took:.1f} s, Spark {version}, micro-batches run {runs}")
 
 
 def check_socket_dir(directory: str) -> Check:
