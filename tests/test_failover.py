@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from udf_agent import udf_pb2
-from udf_agent.serve.failover import CarryOver, CarryOverError, frames_in
+from udf_agent.serve.failover import CarryOver, CarryOverError
 from udf_agent.serve.relay_link import Checkpoint
 from udf_agent.wire.frames import KEEPALIVE_KEY, count_frames, encode_frame
 
@@ -37,11 +37,6 @@ RESTORE = b"<restore frame>"
 def passed(carry: CarryOver, frames: bytes) -> bytes:
     """What the relay does with output the server counted (``RelayedConnection.write``)."""
     return carry.passed(frames, count_frames(frames, KEEPALIVE_KEY))
-
-
-def test_the_first_byte_of_each_frame_tells_its_kind():
-    data = point(1) + keepalive_reply(2) + point(3) + INIT_OK
-    assert [first for _, _, first in frames_in(data)] == [0x8A, 0x1A, 0x8A, 0x12]
 
 
 def test_what_the_server_counted_is_what_kapacitor_saw_and_what_a_carry_over_drops():

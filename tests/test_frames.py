@@ -18,6 +18,8 @@ from udf_agent.wire.frames import (
     ProtocolError,
     encode_frame,
     encode_varint,
+    frame_spans,
+    last_frame_key,
 )
 
 # ---------------------------------------------------------------------------
@@ -262,6 +264,18 @@ def test_partial_varint_only_then_close():
     assert decoder.feed(b"\x80") == []  # first byte of a two-byte length
     with pytest.raises(ProtocolError):
         decoder.close()
+
+
+def test_frame_spans_walk_whole_frames_and_end_at_a_cut():
+    big = b"\x8a\x01" + b"x" * 200  # a body of 202 bytes: a length of two bytes
+    data = encode_varint(len(big)) + big + b"\x00" + b"\x02\x1a\x00"
+    spans = list(frame_spans(data))
+    assert spans == [(0, 2, 204), (204, 205, 205), (205, 206, 208)]  # an empty body between
+    assert last_frame_key(data) == 0x1A
+    assert last_frame_key(data[:205]) is None and last_frame_key(b"") is None
+    # Cut inside a body, the last span ends past the data; cut inside a length, the walk ends.
+    assert list(frame_spans(data[:100])) == [(0, 2, 204)]
+    assert list(frame_spans(data[:1])) == []
 
 
 def test_close_after_complete_frames_leaves_nothing_behind():

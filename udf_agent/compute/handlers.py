@@ -31,7 +31,7 @@ from typing import Any
 
 from udf_agent import udf_pb2
 from udf_agent.api import HandlerScript
-from udf_agent.wire.frames import POINT_KEY, encode_varint, read_varint
+from udf_agent.wire.frames import POINT_KEY, encode_varint, frame_spans, read_varint
 
 log = logging.getLogger(__name__)
 
@@ -250,15 +250,8 @@ class HandlerHost:
         """Acts on each request in ``frames``; the error that ends the task, if one does."""
         request, handler, sink = udf_pb2.Request(), self.handler, self.sink
         sink.feeding_thread = threading.get_ident()
-        pos, size = 0, len(frames)
-        while pos < size:  # each frame's body; a point's length is one byte, read inline
-            length = frames[pos]
-            if length < 0x80:
-                pos += 1
-            else:
-                length, pos = read_varint(frames, pos)
-            body = frames[pos : pos + length]
-            pos += length
+        for _, start, end in frame_spans(frames):
+            body = frames[start:end]
             kind = "unknown"
             try:
                 request.ParseFromString(body)

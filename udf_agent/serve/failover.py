@@ -23,10 +23,9 @@ included) and every reply Kapacitor saw is dropped the same way.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from udf_agent.wire.frames import ERROR_KEY, INIT_KEY, KEEPALIVE_KEY, RESTORE_KEY, ProtocolError, read_varint
+from udf_agent.wire.frames import ERROR_KEY, INIT_KEY, KEEPALIVE_KEY, RESTORE_KEY, ProtocolError, frame_spans, read_varint
 from udf_agent.wire.keepalives import keepalive_request_time
 
 if TYPE_CHECKING:  # the relay's input side imports this at its first moment: only what it needs
@@ -35,20 +34,6 @@ if TYPE_CHECKING:  # the relay's input side imports this at its first moment: on
 
 class CarryOverError(Exception):
     """The new server would not take the task back: the message says why."""
-
-
-def frames_in(data: bytes) -> Iterator[tuple[int, int, int]]:
-    """(start, end, first byte of the body: -1 if empty or not there) of each frame in ``data``;
-    the last may not be whole (its end past ``data``'s)."""
-    pos, size = 0, len(data)
-    while pos < size:
-        start = pos
-        try:
-            length, pos = read_varint(data, pos)
-        except ProtocolError:
-            return  # a length cut short: the frame is not whole
-        yield start, pos + length, data[pos] if length and pos < size else -1
-        pos += length
 
 
 class KeptInput:
@@ -139,8 +124,9 @@ class CarryOver:
             self._passed += counted
             return frames
         out = bytearray()
-        for start, end, first in frames_in(frames):
+        for start, body, end in frame_spans(frames):  # whole frames
             frame = frames[start:end]
+            first = frames[body] if body < min(end, len(frames)) else -1
             if first in (ERROR_KEY, KEEPALIVE_KEY):
                 # An error is never dropped: the task is ending, and Kapacitor must know why.
                 # Keepalive replies are not counted; one to a replayed request is a harmless extra.
@@ -175,11 +161,11 @@ class CarryOver:
         times = []
         data = self._input.tail(start)
         end = 0
-        for frame_start, frame_end, first in frames_in(data):
+        for frame_start, body, frame_end in frame_spans(data):
             if frame_end > len(data):
                 break  # not whole yet
             end = frame_end
-            if first == KEEPALIVE_KEY:
+            if frame_end > body and data[body] == KEEPALIVE_KEY:
                 times.append(_keepalive_time(data[frame_start:frame_end]))
         return times, start + end
 

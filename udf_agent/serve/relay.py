@@ -23,7 +23,7 @@ from udf_agent.serve.relay_input import RelayInput
 from udf_agent.serve.relay_link import ChunkSplitter, LinkError
 from udf_agent.serve.relay_output import STOPPED_READER_TIMEOUT, OutputAbandoned
 from udf_agent.serve.shared import Launch, ServerOptions, ServerStart, SharedServerError, Welcome, locate, options_not_used, remember_launch, server_alive
-from udf_agent.wire.frames import ERROR_KEY, FrameSplitter, encode_varint
+from udf_agent.wire.frames import ERROR_KEY, encode_varint, last_frame_key
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,7 @@ class Relay:
             return self.fail(f"udf-agent: this task could not be carried over to a new shared Spark server: {exc}")
         except LinkError as exc:
             return self.fail(f"udf-agent: the shared Spark server (pid {server.pid}) sent what this task's process cannot read ({exc}); its log: {server.log}")
-        _, last_tag = FrameSplitter(max_frame_size=2**62).feed_whole(self._chunks.last_chunk)
-        if last_tag == ERROR_KEY:
+        if last_frame_key(self._chunks.last_chunk) == ERROR_KEY:
             return 1  # the task failed, and the server said why
         partial = self._chunks.buffered
         finished = self._input.ended.is_set() and not partial and not self._carry.catching_up

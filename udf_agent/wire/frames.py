@@ -8,6 +8,7 @@ single bytes object that is written in one write.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -68,21 +69,38 @@ POINT_KEY = encode_varint((17 << 3) | 2)
 END_KEY = encode_varint((18 << 3) | 2)
 
 
-def count_frames(data: bytes, uncounted_key: int) -> int:
-    """The frames of ``data`` (whole frames only) but those whose body starts with the byte
-    ``uncounted_key``. The compiled twin: ``scanner.count_frames``."""
-    count = 0
+def frame_spans(data: bytes | bytearray | memoryview) -> Iterator[tuple[int, int, int]]:
+    """(start, body start, end) of each frame in ``data``: the one plain-Python walk over frames
+    (the compiled ones are in ``scanner``). The last frame may be cut short, its end past
+    ``data``'s; a length itself cut short ends the walk."""
     pos, size = 0, len(data)
     while pos < size:
+        start = pos
         length = data[pos]
         if length < 0x80:  # a body under 128 bytes: its length read inline
             pos += 1
         else:
-            length, pos = read_varint(data, pos)
-        if not length or data[pos] != uncounted_key:
-            count += 1
+            try:
+                length, pos = read_varint(data, pos)
+            except ProtocolError:
+                return
+        yield start, pos, pos + length
         pos += length
-    return count
+
+
+def count_frames(data: bytes, uncounted_key: int) -> int:
+    """The frames of ``data`` (whole frames only) but those whose body starts with the byte
+    ``uncounted_key``. The compiled twin: ``scanner.count_frames``."""
+    return sum(1 for _, body, end in frame_spans(data) if body == end or data[body] != uncounted_key)
+
+
+def last_frame_key(data: bytes | memoryview) -> int | None:
+    """The first byte of the last frame's body (the key that says what it holds), if any, in
+    ``data`` of whole frames."""
+    key = None
+    for _, body, end in frame_spans(data):
+        key = data[body] if end > body else None
+    return key
 
 
 class PointRun:
@@ -165,26 +183,6 @@ class FrameSplitter:
             if pos:
                 del buffer[:pos]
         return bodies
-
-    def feed_whole(self, data: bytes) -> tuple[bytes, int | None]:
-        """The whole frames ``data`` completes, as they came (lengths included), for passing
-        on unparsed; and the first byte of the last one's body (its field's tag), if any."""
-        if data:
-            self._buffer += data
-        buffer = self._buffer
-        size = len(buffer)
-        pos = 0
-        last_tag: int | None = None
-        while pos < size:
-            frame = self._frame_at(buffer, pos, size)
-            if frame is None:
-                break
-            self.frames += 1
-            last_tag = buffer[frame[0]] if frame[1] > frame[0] else None
-            pos = frame[1]
-        whole = bytes(buffer[:pos])
-        del buffer[:pos]
-        return whole, last_tag
 
     def _frame_at(self, buffer: bytearray, pos: int, size: int) -> tuple[int, int] | None:
         """Where the body of the frame starting at ``pos`` starts and ends; None until it is whole."""
@@ -272,7 +270,7 @@ class FrameDecoder(Generic[M]):
         return messages
 
 
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """The varint at ``pos`` and the position after it; ProtocolError if it runs off the end."""
     value = 0
     shift = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from udf_agent.wire.frames import read_varint
+from udf_agent.wire.frames import frame_spans
 
 
 class GroupedPoints:
@@ -40,12 +40,8 @@ def prefixed_ends(data: bytes) -> Any:
     ``data`` ends, walked in plain Python; None unless ``data`` is whole items only."""
     import numpy as np
 
-    ends, pos = [], 0
-    while pos < len(data):
-        length, body = read_varint(data, pos)
-        pos = body + length
-        ends.append(pos)
-    return np.array(ends, np.int64) if pos == len(data) else None
+    ends = [end for _, _, end in frame_spans(data)]
+    return np.array(ends, np.int64) if (ends[-1] if ends else 0) == len(data) else None
 
 
 def group_points_by_key(frames: bytes, points: Any, groups: Any) -> GroupedPoints:
