@@ -37,13 +37,13 @@ from spark_backend.sessions import SparkSession, SparkSessionLost, SparkStartErr
 from spark_backend.settings import SparkSettings
 from spark_backend.spark_jobs import run_as_job, run_until_resident
 from udf_agent.api import UDFSpec
+from udf_agent.collector import freeze_startup_objects
 from udf_agent.compute.contract import Job
 from udf_agent.compute.engine import EngineStartError, Tenant
 from udf_agent.compute.handlers import HandlerCall, HandlerOutcome
 from udf_agent.compute.packed import ResultColumns, StreamTasks
 from udf_agent.errors import first_line
 from udf_agent.redaction import redacted_url
-from udf_agent.runtime.collector import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 

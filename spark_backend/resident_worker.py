@@ -38,12 +38,12 @@ from spark_backend.resident_protocol import (
     stream_result,
 )
 from spark_backend.worker_channel import NONCE_BYTES, agent_proof, new_nonce, proven, worker_proof
+from udf_agent.collector import freeze_startup_objects
 from udf_agent.compute import packed
 from udf_agent.compute.contract import TASK_SCHEMA, Job
 from udf_agent.compute.handlers import HandlerHosts
 from udf_agent.compute.packed import StreamTasks
 from udf_agent.compute.run import compute_stream, compute_tasks
-from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.wire.columns import message_table, table_message
 
 # While a part computes, the worker's resident memory is looked at this often.
@@ -62,7 +62,7 @@ def serve_slot(address: WorkerAddress, token: str, slot: int, launch: int, memor
     pointcodec.warm_up()  # numba's compiled decoder, before the first micro-batch
     packed.warm_up()  # and the tasks' unpacking
     # A full collection would walk all of pandas, pyarrow, numba and PySpark: ~70 ms every few
-    # thousand micro-batches, a stall of every point waiting on this worker (runtime.collector).
+    # thousand micro-batches, a stall of every point waiting on this worker (udf_agent.collector).
     freeze_startup_objects("resident worker ready")
     served = 0
     link = _join_agent(address, token, slot, launch)

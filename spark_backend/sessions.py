@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 from spark_backend.settings import SparkSettings, agent_conf
 from udf_agent.compute.engine import EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.logs import foreign_line, log_format
 from udf_agent.redaction import redacted_url, redacted_value
-from udf_agent.runtime.logs import foreign_line, log_format
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession as ClassicSparkSession

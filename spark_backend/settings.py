@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from udf_agent.runtime.logs import log_format
+from udf_agent.logs import log_format
 
 # Chosen for a driver that mostly moves bytes: quick JVM start-up (C1 only, serial GC, no UI),
 # Arrow on, Python workers reused between jobs. An idle task must cost next to no CPU, and an

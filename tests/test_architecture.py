@@ -142,3 +142,15 @@ def test_no_private_name_is_imported_across_modules():
         if name.startswith("_") and not name.startswith("__")
     ]
     assert private == []
+
+
+def test_the_runtime_and_the_spark_engine_never_import_each_other():
+    """They meet only through ``compute.Engine``: the Spark engine is built above both (``cli/engines.py``)."""
+    crossing = [
+        f"{module}:{line} imports {target}"
+        for module, imports in GRAPH.items()
+        for target, _, line in imports
+        for mine, theirs in (("udf_agent.runtime", "spark_backend"), ("spark_backend", "udf_agent.runtime"))
+        if (module == mine or module.startswith(mine + ".")) and (target == theirs or target.startswith(theirs + "."))
+    ]
+    assert not crossing, crossing

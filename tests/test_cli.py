@@ -154,7 +154,7 @@ def test_help_documents_the_stop_and_hot_path_options(runner, command):
 
 
 def test_engine_options_reach_the_spark_engine():
-    from udf_agent.runtime.engines import spark_engines
+    from udf_agent.cli.engines import spark_engines
 
     engines = spark_engines("local[2]", (("spark.x", "1"),), spark_dispatch="jobs", batch_timeout=2.5)
     settings = engines._spark_factory().settings

@@ -1,10 +1,10 @@
-"""Start-up objects kept out of full garbage collections (``runtime.collector``)."""
+"""Start-up objects kept out of full garbage collections (``udf_agent.collector``)."""
 
 from __future__ import annotations
 
 import gc
 
-from udf_agent.runtime.collector import freeze_startup_objects
+from udf_agent.collector import freeze_startup_objects
 
 
 def test_each_moment_freezes_what_is_alive_once_per_process():

@@ -10,9 +10,10 @@ import time
 
 import pytest
 
+from udf_agent.cli.engines import spark_engines
 from udf_agent.compute.engine import LocalEngine
 from udf_agent.library.builtins import BUILTINS
-from udf_agent.runtime.engines import Engines, spark_engines
+from udf_agent.runtime.engines import Engines
 
 
 class StartingEngine:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from udf_agent.runtime import logs
+from udf_agent import logs
 
 
 class Stderr:

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from udf_agent import udf_pb2
+from udf_agent.logs import TaskLabels, TaskLogRoutes, in_task
 from udf_agent.runtime.connection import WriteTimeout
-from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, in_task
 from udf_agent.runtime.writer import Writer
 from udf_agent.serve.relay import restore_frame
 from udf_agent.serve.relay_link import (

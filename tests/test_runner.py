@@ -11,12 +11,12 @@ import pytest
 from udf_agent import udf_pb2
 from udf_agent.compute.engine import CHAINED_SLICE_BYTES, ComputeFailed, LocalEngine
 from udf_agent.library.builtins import moving_avg
+from udf_agent.logs import TaskLabels
 from udf_agent.options import parse_options
 from udf_agent.runtime.checkpoints import CHECKPOINT_INPUT_BYTES, CHECKPOINT_INTERVAL, Checkpoints
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Compute
-from udf_agent.runtime.logs import TaskLabels
 from udf_agent.runtime.runner import MicroBatchRunner, UDFError
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.testing import grouped_point, option

@@ -460,7 +460,7 @@ def spark_engines() -> Engines:
     if _shared_spark is None:
         import atexit
 
-        from udf_agent.runtime.engines import spark_engines as engines_on
+        from udf_agent.cli.engines import spark_engines as engines_on
 
         _shared_spark = engines_on("local[2]", (), local_while_starting=False)
         atexit.register(_shared_spark.stop)

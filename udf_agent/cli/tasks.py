@@ -71,10 +71,11 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
         asked_of_server = ServerOptions(metrics_address, shared_idle_exit if idle_exit_given else None)
         relay_launch(target, agent_options, ServerStart(settings, shared_idle_exit, server_args), log_level, log_format, asked_of_server, invocation.argv if invocation else None, script_args, invocation.relay_input if invocation else None)
     assert invocation is None or invocation.relay_input is None, "placement.relays_for_sure took this run for a relayed one"
+    from udf_agent.cli.engines import spark_engines
+    from udf_agent.logs import configure_logging
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
-    from udf_agent.runtime.engines import exit_process, spark_engines
-    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.runtime.engines import exit_process
     from udf_agent.runtime.stop_signals import on_stop_signals
     from udf_agent.runtime.transports import claim_stdio
 
@@ -101,10 +102,10 @@ def run(target: str, script_args: tuple[str, ...], master: str, confs: tuple[tup
 @compute_options
 def serve(socket_path: str, socket_mode: str, max_connections: int, init_timeout: float, metrics_address: str | None, target: str, master: str, confs: tuple[tuple[str, str], ...], log_level: str, log_format: str, **options: Any) -> None:
     """Serve TARGET on a unix socket: one independent session per connection."""
+    from udf_agent.cli.engines import spark_engines
+    from udf_agent.logs import configure_logging
     from udf_agent.runtime.agent import Agent
     from udf_agent.runtime.config import AgentConfig
-    from udf_agent.runtime.engines import spark_engines
-    from udf_agent.runtime.logs import configure_logging
     from udf_agent.serve.socket_server import UnixSocketServer
 
     try:
@@ -150,8 +151,8 @@ def shared_server(socket_path: str, settings_json: str, idle_exit: float, max_co
     import json
     import sys
 
-    from udf_agent.runtime.engines import spark_engines
-    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.cli.engines import spark_engines
+    from udf_agent.logs import configure_logging
     from udf_agent.serve.shared_server import shared_socket_server
 
     try:

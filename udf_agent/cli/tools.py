@@ -91,9 +91,9 @@ def replay(target: str, input_path: str, option_calls: tuple[str, ...], output_p
       udf-agent replay moving_avg --input cpu.lp.gz -o field=usage_user -o size=10 \\
           --group-by host --plot cpu.png > averaged.lp
     """
+    from udf_agent.cli.engines import spark_engines
+    from udf_agent.logs import configure_logging
     from udf_agent.runtime.config import AgentConfig
-    from udf_agent.runtime.engines import spark_engines
-    from udf_agent.runtime.logs import configure_logging
     from udf_agent.runtime.stdio import claim_stdout
     from udf_agent.tools.lineproto import LineProtocolError, format_point
     from udf_agent.tools.recordings import BATCH_EXTENSION, RecordingError
@@ -192,7 +192,7 @@ def _progress(total: int) -> Iterator[Callable[[int], None] | None]:
 def doctor(master: str, remote: str | None, confs: tuple[tuple[str, str], ...], socket_dir: str) -> None:
     """Check that this machine can run UDFs: Python, Java, PySpark, a Spark started and timed,
     the socket directory. One line each, OK or what to do; exit 1 if any fails."""
-    from udf_agent.runtime.logs import configure_logging
+    from udf_agent.logs import configure_logging
     from udf_agent.tools.doctor import run_checks
 
     configure_logging("error")  # the checks' lines say it all

@@ -18,14 +18,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from udf_agent.api import UDFSpec
+from udf_agent.collector import freeze_startup_objects
+from udf_agent.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.checkpoints import Checkpoints, CheckpointSink
-from udf_agent.runtime.collector import freeze_startup_objects
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Emit, Started
 from udf_agent.runtime.inbox import Inbox
-from udf_agent.runtime.logs import TaskLabels, in_task, label_thread
 from udf_agent.runtime.runner import MicroBatchRunner, UDFError
 from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats

@@ -94,33 +94,6 @@ class Engines:
             log.exception("engine warm-up failed")
 
 
-def spark_engines(
-    master: str,
-    confs: tuple[tuple[str, str], ...],
-    spark_dispatch: str = "resident",
-    batch_timeout: float = 60.0,
-    resident_slots: int | None = None,
-    resident_idle: float = 30.0,
-    local_while_starting: bool | None = None,
-    local_max_points: int = 0,
-    remote: str | None = None,
-    worker_memory: int | None = None,
-    max_cores: int | None = None,
-) -> Engines:
-    """Engines computing on the Spark these settings describe, started on first use."""
-
-    # Any: SparkEngine's read-only ``name`` does not yet match compute.Engine's settable one.
-    def make_spark() -> Any:
-        from spark_backend import SparkEngine, SparkSettings
-
-        return SparkEngine(SparkSettings(master=master, conf=dict(confs), dispatch=spark_dispatch, batch_timeout=batch_timeout, resident_slots=resident_slots, resident_idle=resident_idle, remote=remote, worker_memory=worker_memory, max_cores=max_cores))
-
-    if local_while_starting is None:
-        # On a remote cluster the UDF may need the cluster's resources: Spark only, unless asked.
-        local_while_starting = master.startswith("local") and remote is None
-    return Engines(make_spark, local_max_points, local_while_starting)
-
-
 # Kapacitor waits for the process's exit after our output ends: Spark gets this long
 # to stop cleanly; its JVM exits by itself once this process is gone.
 SPARK_STOP_GRACE = 2.0

@@ -18,12 +18,12 @@ import time
 from typing import Protocol
 
 from udf_agent.api import UDFSpec
+from udf_agent.logs import TaskLabels, in_task
 from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.config import AgentConfig
 from udf_agent.runtime.connection import Connection
 from udf_agent.runtime.events import Compute, Emit, Event, Fail, Restore, Send, Started, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.flushing import FlushPolicy
-from udf_agent.runtime.logs import TaskLabels, in_task
 from udf_agent.runtime.pacing import COMPUTE_GATHER, SMALL_READ, ReadPacer
 from udf_agent.runtime.session import Session
 from udf_agent.runtime.stats import TaskStats

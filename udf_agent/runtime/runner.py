@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from udf_agent.api import UDFSpec
 from udf_agent.compute.engine import CHAINED_SLICE_BYTES, ComputeFailed, EngineStartError
 from udf_agent.errors import first_line
+from udf_agent.logs import TaskLabels
 from udf_agent.runtime.checkpoints import Checkpoints
 from udf_agent.runtime.engines import Engines
 from udf_agent.runtime.events import Compute, Event, Restore, Send, TakeCheckpoint, TakeSnapshot
 from udf_agent.runtime.groups import GroupStore
-from udf_agent.runtime.logs import TaskLabels
 from udf_agent.runtime.stats import TaskStats
 from udf_agent.runtime.writer import Writer
 from udf_agent.wire import hotpath

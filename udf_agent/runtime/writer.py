@@ -6,8 +6,8 @@ import logging
 import threading
 from collections import deque
 
+from udf_agent.logs import TaskLabels, in_task
 from udf_agent.runtime.connection import Connection, WriteTimeout
-from udf_agent.runtime.logs import TaskLabels, in_task
 
 log = logging.getLogger(__name__)
 

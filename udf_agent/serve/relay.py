@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from udf_agent.runtime.logs import configure_logging, label_thread, log_forwarded
+from udf_agent.logs import configure_logging, label_thread, log_forwarded
 from udf_agent.serve.failover import CarryOverError
 from udf_agent.serve.relay_input import RelayInput
 from udf_agent.serve.relay_link import ChunkSplitter, LinkError

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from udf_agent.runtime.logs import TaskLabels, in_task
+from udf_agent.logs import TaskLabels, in_task
 from udf_agent.runtime.pacing import ReadPacer
 from udf_agent.runtime.stdio import claim_stdio_fds
 from udf_agent.runtime.stop_signals import on_stop_signals

@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+from udf_agent.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.connection import Deadline, WriteTimeout
-from udf_agent.runtime.logs import TaskLabels, TaskLogRoutes, forwarded_record
 from udf_agent.runtime.transports import SocketConnection, no_deadline
 from udf_agent.runtime.writer import LinkMessage, Writer
 from udf_agent.wire import hotpath

@@ -11,9 +11,9 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from udf_agent.logs import TaskLogRoutes
 from udf_agent.runtime.agent import Agent
 from udf_agent.runtime.config import AgentConfig
-from udf_agent.runtime.logs import TaskLogRoutes
 from udf_agent.serve.relay_link import RelayedConnection
 from udf_agent.serve.shared import answer_line, read_line
 from udf_agent.serve.socket_server import SessionRefused, UnixSocketServer

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from udf_agent.logs import in_task, label_thread
 from udf_agent.runtime.agent import Agent
-from udf_agent.runtime.logs import in_task, label_thread
 from udf_agent.runtime.transports import SocketConnection
 from udf_agent.wire.guard import error_frame
 
