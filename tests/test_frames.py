@@ -273,6 +273,7 @@ def test_frame_spans_walk_whole_frames_and_end_at_a_cut():
     assert spans == [(0, 2, 204), (204, 205, 205), (205, 206, 208)]  # an empty body between
     assert last_frame_key(data) == 0x1A
     assert last_frame_key(data[:205]) is None and last_frame_key(b"") is None
+    assert last_frame_key(data[:204]) == 0x8A and last_frame_key(data[:100]) is None  # a cut frame has no key yet
     # Cut inside a body, the last span ends past the data; cut inside a length, the walk ends.
     assert list(frame_spans(data[:100])) == [(0, 2, 204)]
     assert list(frame_spans(data[:1])) == []

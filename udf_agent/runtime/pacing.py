@@ -48,8 +48,12 @@ class StreamWatch:
     """Sans-IO: told each read's size and time, says whether the input is a stream: it has come
     at ``STREAM_RATE`` or more, over every ``STREAM_WINDOW``, for ``sustained``. A burst or a
     trickle never is. Measured by what reads bring, not by when they are made: what a read
-    brings after the reader held off (pacing, backpressure, a micro-batch computing) came while
-    it held off."""
+    brings after the reader held off (pacing, gathering while a micro-batch computes, trickling
+    reads over the budget: all shorter than ``STREAM_WINDOW``) came while it held off. After no
+    read for a whole window a new spell starts, whatever the read brings: a burst after a quiet
+    spell is no stream. So does a flood after backpressure held every read for that long (deep
+    over the budget); its first micro-batch then gathers ``SUSTAINED`` rather than longer, while
+    compute, not gathering, is what it waits for."""
 
     def __init__(self, sustained: float = SUSTAINED):
         self._sustained = sustained

@@ -57,7 +57,7 @@ def encode_frame(message: Message) -> bytes:
 # What a frame's body starts with, by the message it holds: Request's and Response's oneof
 # ``message`` is field N, length-delimited, so the body's first bytes are the key varint
 # (N << 3) | 2. Both number their messages alike (error is a Response's only). Named here
-# once, without protobuf (a relay reads them before it could import it); tests/test_proto.py
+# once, without the generated udf_pb2 (which a relay never imports); tests/test_proto.py
 # holds them to udf.proto. Under field 16 a key is one byte (an int), from 16 on two (bytes).
 INIT_KEY = (2 << 3) | 2
 KEEPALIVE_KEY = (3 << 3) | 2
@@ -95,10 +95,11 @@ def count_frames(data: bytes, uncounted_key: int) -> int:
 
 
 def last_frame_key(data: bytes | memoryview) -> int | None:
-    """The first byte of the last frame's body (the key that says what it holds), if any, in
-    ``data`` of whole frames."""
+    """The first byte of the last whole frame's body (the key that says what it holds), if any."""
     key = None
     for _, body, end in frame_spans(data):
+        if end > len(data):
+            break  # cut short: not a frame yet
         key = data[body] if end > body else None
     return key
 
