@@ -68,7 +68,7 @@ def count_frames_in_file(path: str, chunk_size: int = CHUNK_SIZE) -> int:
 
 def point_time(body: bytes | bytearray | memoryview) -> int | None:
     """Point.time of a Response{point} frame body, read without protobuf (None if not a point)."""
-    if body[:2] != POINT_KEY:
+    if body[0] != POINT_KEY[0] or body[1] != POINT_KEY[1]:
         return None
     length, pos = read_varint(body, 2)
     end = pos + length
